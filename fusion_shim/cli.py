@@ -1,0 +1,230 @@
+"""Command line: run a program through the shim, serve as a worker, render a saved report.
+
+    python -m fusion_shim [options] app.py [args...]
+    python -m fusion_shim [options] -m package.module [args...]
+    fusion-shim worker --bind URL [--device auto|cpu|cuda:N]
+    fusion-shim report run.json
+
+The program sees what plain ``python`` would give it: ``sys.argv``, ``__name__ == "__main__"``,
+``sys.path[0]``, its exit code, its output, and tracebacks without the shim's own frames.
+"""
+from __future__ import annotations
+
+import builtins
+import importlib.util
+import os
+import sys
+import types
+from typing import Any
+
+USAGE = """\
+usage: python -m fusion_shim [options] (app.py | -m module) [args...]
+       fusion-shim worker --bind URL [--device auto|cpu|cuda:N]
+       fusion-shim report run.json
+
+options (each also a FUSION_SHIM_* variable):
+  --policy auto|local|remote   where calls run (default auto)
+  --worker URL                 a running worker (ipc://, tcp://); default: start one in the background
+  --device auto|cpu|cuda:N     device of the embedded worker
+  --report PATH                write the report as JSON to PATH
+  --timeout SECONDS            a remote call not answered by then is computed locally (default 60)
+  --ready-timeout SECONDS      how long --policy remote waits for a warming worker (default 120)
+  --quiet                      no report table on stderr
+  --strict                     raise FallbackError where a call would fall back to local
+"""
+RUN_OPTIONS = ("policy", "worker", "device", "report", "timeout", "ready-timeout", "min-flops")
+RUN_FLAGS = ("quiet", "strict")
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_run(argv: list[str]) -> tuple[dict[str, Any], str | None, str | None, list[str]]:
+    """Options up to the program; returns (settings, script, module, program args)."""
+    settings: dict[str, Any] = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-m":
+            if i + 1 >= len(argv):
+                raise UsageError("-m needs a module name")
+            return settings, None, argv[i + 1], argv[i + 2:]
+        if arg == "--":
+            i += 1
+            break
+        if not arg.startswith("-") or arg == "-":
+            break
+        name, eq, value = arg[2:].partition("=")
+        if arg.startswith("--") and name in RUN_FLAGS and not eq:
+            settings[name.replace("-", "_")] = True
+            i += 1
+            continue
+        if not arg.startswith("--") or name not in RUN_OPTIONS:
+            raise UsageError(f"unknown option {arg}")
+        if not eq:
+            if i + 1 >= len(argv):
+                raise UsageError(f"{arg} needs a value")
+            value = argv[i + 1]
+            i += 1
+        settings[name.replace("-", "_")] = value
+        i += 1
+    if i >= len(argv):
+        raise UsageError("no program to run")
+    return settings, argv[i], None, argv[i + 1:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] in (["-h"], ["--help"]) or not argv:
+        print(USAGE, file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    if argv[0] == "worker":
+        return worker_main(argv[1:])
+    if argv[0] == "report":
+        return report_main(argv[1:])
+    from .config import Config, ConfigError
+
+    try:
+        settings, script, module, args = parse_run(argv)
+        config = Config.load(**settings)
+    except (UsageError, ConfigError) as exc:
+        print(f"fusion_shim: {exc}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    return run_program(config, script, module, args)
+
+
+def run_program(config: Any, script: str | None, module: str | None, args: list[str]) -> int:
+    import fusion_shim
+
+    # children inherit the shim with these same settings, less the report file (one per process
+    # would overwrite it); they reuse this process's worker once it has one (see _bootstrap)
+    child_env = {k: v for k, v in config.to_env().items() if k != "FUSION_SHIM_REPORT"}
+    os.environ.update(child_env, FUSION_SHIM="1")
+    rt = fusion_shim.install(config)
+    rt.export_env = True
+    if module is not None:
+        code, main_mod, argv0 = _load_module(module)
+        if code is None:
+            return 1
+    else:
+        code, main_mod, argv0 = _load_script(script)
+        if code is None:
+            return 2
+    sys.argv = [argv0, *args]
+    sys.modules["__main__"] = main_mod
+    try:
+        exec(code, main_mod.__dict__)
+    except SystemExit:
+        raise
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        sys.excepthook(type(exc), exc, _user_frames(exc.__traceback__))
+        return 1
+    return 0
+
+
+def _load_script(path: str) -> tuple[Any, types.ModuleType | None, str]:
+    try:
+        with open(path, "rb") as f:
+            source = f.read()
+    except OSError as exc:
+        print(f"{sys.executable}: can't open file {os.path.abspath(path)!r}: [Errno {exc.errno}] {exc.strerror}",
+              file=sys.stderr)
+        return None, None, path
+    full = os.path.abspath(path)
+    code = compile(source, full, "exec", dont_inherit=True)
+    main_mod = types.ModuleType("__main__")
+    main_mod.__file__ = full
+    main_mod.__builtins__ = builtins
+    main_mod.__loader__ = None
+    main_mod.__spec__ = None
+    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    return code, main_mod, path
+
+
+def _load_module(name: str) -> tuple[Any, types.ModuleType | None, str]:
+    sys.path[0] = os.getcwd()  # what `python -m` puts first
+    try:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations is not None:
+            spec = importlib.util.find_spec(name + ".__main__")
+    except (ImportError, ValueError) as exc:
+        print(f"{sys.executable}: Error while finding module specification for {name!r} ({exc})", file=sys.stderr)
+        return None, None, name
+    if spec is None or spec.loader is None:
+        print(f"{sys.executable}: No module named {name}", file=sys.stderr)
+        return None, None, name
+    code = spec.loader.get_code(spec.name)
+    main_mod = types.ModuleType("__main__")
+    main_mod.__file__ = spec.origin
+    main_mod.__builtins__ = builtins
+    main_mod.__loader__ = spec.loader
+    main_mod.__spec__ = spec
+    main_mod.__package__ = spec.parent
+    if spec.cached:
+        main_mod.__cached__ = spec.cached
+    return code, main_mod, spec.origin or name
+
+
+def _user_frames(tb: Any) -> Any:
+    """The traceback without the launcher's frames and the shim's wrapper frames: what plain
+    python would print."""
+    pkg = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    ours = lambda t: t.tb_frame.f_code.co_filename.startswith(pkg)
+    while tb is not None and ours(tb):
+        tb = tb.tb_next
+    head = tb
+    while tb is not None:
+        nxt = tb.tb_next
+        while nxt is not None and ours(nxt):
+            nxt = nxt.tb_next
+        tb.tb_next = nxt
+        tb = nxt
+    return head
+
+
+def worker_main(argv: list[str]) -> int:
+    import argparse
+
+    import fusion_shim
+
+    fusion_shim.uninstall()  # a worker never intercepts, even under FUSION_SHIM=1
+    parser = argparse.ArgumentParser(prog="fusion-shim worker", description="Serve kernels to fusion_shim clients.")
+    parser.add_argument("--bind", required=True, help="ipc:///path, tcp://127.0.0.1:PORT, or inproc://name")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--test-delay", type=float, default=0.0,
+                        help="TEST ONLY: hold every call this many seconds (fault-injection tests)")
+    opts = parser.parse_args(argv)
+    from .config import ConfigError, _device
+
+    try:
+        device = _device("--device", opts.device)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    from .worker import Worker, serve
+
+    print(f"fusion_shim worker: binding {opts.bind} (device {device})", file=sys.stderr, flush=True)
+    serve(opts.bind, Worker(device, opts.test_delay), parent_pid=opts.parent_pid)
+    return 0
+
+
+def report_main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: fusion-shim report run.json", file=sys.stderr)
+        return 2
+    from .report import render
+
+    try:
+        print(render(argv[0]))
+    except (OSError, ValueError) as exc:
+        print(f"fusion-shim report: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def entry() -> None:
+    """The ``fusion-shim`` console script."""
+    sys.exit(main())

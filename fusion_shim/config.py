@@ -1,0 +1,148 @@
+"""One frozen Config for the whole shim.
+
+Precedence: defaults < ``FUSION_SHIM_*`` environment variables < explicit arguments
+(command-line flags or keyword arguments to :func:`Config.load`). Every variable carries
+the one ``FUSION_SHIM_`` prefix; an unknown ``FUSION_SHIM_*`` name or an invalid value fails
+at start with a message that lists what is valid (issue 2).
+
+``FUSION_SHIM`` itself (no suffix) only switches the ``.pth`` bootstrap on; it is not a field.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+PREFIX = "FUSION_SHIM_"
+POLICIES = ("auto", "local", "remote")
+DEVICES_HELP = "auto, cpu, cuda or cuda:N"
+
+
+class ConfigError(ValueError):
+    """A setting is unknown or has an invalid value; the message lists the valid ones."""
+
+
+def _bool(name: str, raw: str) -> bool:
+    low = raw.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean; valid: 1, 0, true, false, yes, no, on, off")
+
+
+def _positive_float(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number; valid: a positive number of seconds") from None
+    if not value > 0:
+        raise ConfigError(f"{name}={raw!r} must be > 0")
+    return value
+
+
+def _nonneg_float(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number; valid: a number >= 0") from None
+    if not value >= 0:
+        raise ConfigError(f"{name}={raw!r} must be >= 0")
+    return value
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in choices:
+            raise ConfigError(f"{name}={raw!r} is invalid; valid: {', '.join(choices)}")
+        return value
+    return parse
+
+
+def _device(name: str, raw: str) -> str:
+    value = raw.strip().lower()
+    if value in ("auto", "cpu", "cuda"):
+        return value
+    if value.startswith("cuda:") and value[5:].isdigit():
+        return value
+    raise ConfigError(f"{name}={raw!r} is invalid; valid: {DEVICES_HELP}")
+
+
+def _worker_url(name: str, raw: str) -> str | None:
+    value = raw.strip()
+    if not value:
+        return None
+    from .transport import SCHEMES  # local import: config stays importable without zmq
+
+    scheme = value.split("://", 1)[0] if "://" in value else ""
+    if scheme not in SCHEMES:
+        raise ConfigError(f"{name}={raw!r} has an unknown scheme; valid: {', '.join(s + '://' for s in SCHEMES)}")
+    return value
+
+
+def _text(name: str, raw: str) -> str | None:
+    return raw or None
+
+
+@dataclass(frozen=True)
+class Config:
+    policy: str = "auto"          # auto | local | remote
+    worker: str | None = None     # URL of a running worker; None: start an embedded one over ipc://
+    device: str = "auto"          # device of the embedded worker
+    report: str | None = None     # path for the JSON report
+    quiet: bool = False           # no summary table on stderr at exit
+    timeout: float = 60.0         # seconds a remote call may take before it is computed locally
+    ready_timeout: float = 120.0  # seconds policy=remote waits for a warming worker before running locally
+    min_flops: float = 2e7        # auto: below this estimated work a call never leaves the process
+    strict: bool = False          # turn every fallback into an error (for CI of user programs)
+
+    def replace(self, **changes: Any) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
+        """Defaults, then ``FUSION_SHIM_*`` from ``env`` (``os.environ`` if None), then ``overrides``."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for key, raw in env.items():
+            if not key.startswith(PREFIX):
+                continue
+            field = key[len(PREFIX):].lower()
+            if field not in _PARSERS:
+                valid = ", ".join(PREFIX + f.upper() for f in _PARSERS)
+                raise ConfigError(f"unknown setting {key}; valid: {valid}")
+            values[field] = _PARSERS[field](key, raw)
+        for field, value in overrides.items():
+            if value is None:
+                continue
+            if field not in _PARSERS:
+                raise ConfigError(f"unknown setting {field!r}; valid: {', '.join(_PARSERS)}")
+            if isinstance(value, str) and field not in ("report",):
+                value = _PARSERS[field](f"--{field.replace('_', '-')}", value)
+            values[field] = value
+        return cls(**values)
+
+    def to_env(self) -> dict[str, str]:
+        """The environment that makes a child process load this same Config."""
+        out = {}
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is None or value == field.default:
+                continue
+            out[PREFIX + field.name.upper()] = str(int(value)) if isinstance(value, bool) else str(value)
+        return out
+
+
+_PARSERS: dict[str, Callable[[str, str], Any]] = {
+    "policy": _choice(POLICIES),
+    "worker": _worker_url,
+    "device": _device,
+    "report": _text,
+    "quiet": _bool,
+    "timeout": _positive_float,
+    "ready_timeout": _nonneg_float,
+    "min_flops": _nonneg_float,
+    "strict": _bool,
+}

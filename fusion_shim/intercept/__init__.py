@@ -1,0 +1,168 @@
+"""Interception: a wrapt post-import hook on ``numpy`` wraps every catalog row.
+
+It works whether NumPy is already imported or not. :func:`install` is idempotent; :func:`uninstall`
+puts back exactly the objects it replaced, in reverse order. A row whose catalog entry does not
+match the installed NumPy's signature is left unwrapped, with a warning and a ledger event.
+
+The per-call fast path (policy local, or inputs below the planner's byte floor) is one attribute
+read, one sum over the positional and keyword arrays and one comparison before NumPy's own function
+is called; nothing is recorded for it but a count.
+"""
+from __future__ import annotations
+
+import atexit
+import importlib
+import sys
+import threading
+import time
+import warnings
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable
+
+import wrapt
+
+from ..config import Config
+
+if TYPE_CHECKING:  # numpy and zmq load when numpy does, not when the bootstrap installs the hook
+    from ..catalog import OpSpec
+    from ..runtime import Runtime
+
+_lock = threading.RLock()
+_runtime: "Runtime | _Pending | None" = None
+_patches: list[tuple[ModuleType, str, Any]] = []
+_hook_registered = False
+_exit_hooks: list[Callable[["Runtime"], None]] = []
+
+
+def active() -> "Runtime | None":
+    """The running shim, once NumPy is imported and wrapped; None before that or when not installed."""
+    return None if isinstance(_runtime, _Pending) else _runtime
+
+
+def install(config: Config | None = None, **overrides: Any) -> "Runtime | _Pending":
+    """Intercept NumPy in this process. With no arguments a second call returns the running shim;
+    with a Config or settings it replaces it."""
+    global _runtime, _hook_registered
+    with _lock:
+        if _runtime is not None:
+            if config is None and not overrides:
+                return _runtime
+            uninstall()
+        if config is None:
+            config = Config.load(**overrides)
+        elif overrides:
+            config = config.replace(**overrides)
+        _runtime = _Pending(config)
+        if not _hook_registered:
+            _hook_registered = True
+            # runs now if numpy is already imported, else right after it is
+            wrapt.register_post_import_hook(_on_numpy, "numpy")
+        elif "numpy" in sys.modules:
+            _on_numpy(sys.modules["numpy"])
+        return _runtime
+
+
+def uninstall() -> None:
+    """Restore every patched attribute exactly and stop the worker this process started."""
+    global _runtime
+    with _lock:
+        for module, attr, original in reversed(_patches):
+            setattr(module, attr, original)
+        _patches.clear()
+        rt, _runtime = _runtime, None
+    if rt is not None and not isinstance(rt, _Pending):
+        rt.local_only = True  # wrappers someone kept a reference to now pass straight through
+        rt.shutdown()
+
+
+def on_exit(hook: Callable[["Runtime"], None]) -> None:
+    """Run ``hook(runtime)`` at interpreter exit, before the worker is stopped (the report uses it)."""
+    _exit_hooks.append(hook)
+
+
+@atexit.register
+def _at_exit() -> None:
+    rt = _runtime
+    if rt is None or isinstance(rt, _Pending):
+        return
+    for hook in _exit_hooks:
+        try:
+            hook(rt)
+        except Exception as exc:  # a report that fails must not change the program's exit
+            print(f"fusion_shim: report failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    uninstall()
+
+
+class _Pending:
+    """The shim before NumPy is imported: just its Config. Nothing heavy is imported yet."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.export_env = False
+
+
+def _on_numpy(_numpy: ModuleType) -> None:
+    global _runtime
+    from ..catalog import CATALOG, check_signature
+    from ..runtime import Runtime
+
+    with _lock:
+        if _runtime is None or _patches:
+            return
+        if isinstance(_runtime, _Pending):
+            export = _runtime.export_env
+            _runtime = Runtime(_runtime.config)
+            _runtime.export_env = export
+        rt = _runtime
+        for spec in CATALOG:
+            try:
+                module = importlib.import_module(spec.module)
+                original = getattr(module, spec.attr)
+                sig = check_signature(spec, original)
+            except (ImportError, AttributeError, TypeError, ValueError) as exc:
+                warnings.warn(f"fusion_shim: {spec.name} is not intercepted: {exc}", RuntimeWarning, stacklevel=2)
+                rt.ledger.event(f"not intercepted: {spec.name}: {exc}")
+                continue
+            setattr(module, spec.attr, wrapt.FunctionWrapper(original, _make_wrapper(spec, sig, rt)))
+            _patches.append((module, spec.attr, original))
+    rt.start()
+
+
+def _make_wrapper(spec: "OpSpec", sig: Any, rt: "Runtime") -> Callable:
+    from numpy import ndarray
+
+    from ..runtime import Record
+
+    below_floor = rt.ledger.fast_path[spec.name]  # a list cell: counting costs one add
+
+    def _intercepted(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+        if rt.local_only:
+            return wrapped(*args, **kwargs)
+        floor = rt.floor_bytes
+        if floor:
+            nbytes = 0
+            for x in args:
+                if type(x) is ndarray:
+                    nbytes += x.nbytes
+            for x in kwargs.values():
+                if type(x) is ndarray:
+                    nbytes += x.nbytes
+            if nbytes < floor:
+                below_floor[0] += 1
+                return wrapped(*args, **kwargs)
+        got = rt.call(spec, sig, args, kwargs)
+        if got is None:
+            return wrapped(*args, **kwargs)
+        if got.__class__ is not Record:
+            return got.value
+        # computed here, in this frame, so NumPy's own errors reach the program unchanged
+        t = time.perf_counter()
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as exc:
+            rt.local_done(got, time.perf_counter() - t, exc)
+            raise
+        rt.local_done(got, time.perf_counter() - t, None)
+        return result
+
+    return _intercepted

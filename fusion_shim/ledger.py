@@ -1,0 +1,111 @@
+"""One record per intercepted call that left the fast path, and the aggregates the report reads.
+
+Memory stays bounded for long runs: full records are kept up to ``MAX_RECORDS``; aggregates per op
+are always exact. Calls that the fast path kept local (below the size floor) are only counted.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MAX_RECORDS = 10_000
+PHASES = ("wait_ready", "encode", "transfer", "h2d", "kernel", "d2h", "decode", "local")
+
+
+@dataclass
+class Record:
+    op: str
+    family: str
+    site: str = "?"
+    shapes: list = field(default_factory=list)
+    dtypes: list = field(default_factory=list)
+    kind: str = "local"           # "worker" | "local" (decided) | "unsupported" | "fallback"
+    reason: str = ""
+    predicted_local_s: float | None = None
+    predicted_remote_s: float | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    wall_s: float = 0.0
+    start_s: float = 0.0          # since the run started
+    raised: str | None = None     # the exception NumPy raised, if it did
+
+
+def call_site(depth: int = 2) -> str:
+    """file:line of the first frame outside numpy, wrapt and fusion_shim: the user's line."""
+    frame = sys._getframe(depth)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not _is_library(filename):
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return "?"
+
+
+def _is_library(filename: str) -> bool:
+    return (f"{os.sep}numpy{os.sep}" in filename or f"{os.sep}wrapt{os.sep}" in filename
+            or f"{os.sep}fusion_shim{os.sep}" in filename)
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.started = time.perf_counter()
+        self.records: list[Record] = []
+        self.dropped = 0
+        self.ops: dict[str, dict[str, Any]] = defaultdict(_new_op)
+        # calls kept local by the size floor: one list cell per op, bumped by the interceptor's
+        # fast path without a lock or a lookup (a count, not a record; see intercept)
+        self.fast_path: dict[str, list[int]] = defaultdict(lambda: [0])
+        self.events: list[tuple[float, str]] = []  # worker lifecycle: started, ready, faults
+
+    def now(self) -> float:
+        return time.perf_counter() - self.started
+
+    def event(self, text: str) -> None:
+        with self.lock:
+            self.events.append((self.now(), text))
+
+    def add(self, rec: Record) -> None:
+        with self.lock:
+            agg = self.ops[rec.op]
+            agg["family"] = rec.family
+            agg["calls"] += 1
+            agg[rec.kind] += 1
+            agg["bytes_sent"] += rec.bytes_sent
+            agg["bytes_received"] += rec.bytes_received
+            agg["wall_s"] += rec.wall_s
+            for phase, seconds in rec.phases.items():
+                agg["phases"][phase] = agg["phases"].get(phase, 0.0) + seconds
+            if rec.kind in ("unsupported", "fallback"):
+                agg["reasons"][f"{rec.kind}: {rec.reason}"] += 1
+            if len(self.records) < MAX_RECORDS:
+                self.records.append(rec)
+            else:
+                self.dropped += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        with self.lock:
+            ops = {}
+            for name, agg in sorted(self.ops.items()):
+                ops[name] = {**agg, "reasons": dict(agg["reasons"]), "phases": dict(agg["phases"])}
+            for name, (n,) in self.fast_path.items():
+                if n:
+                        ops.setdefault(name, {**_new_op(), "reasons": {}, "phases": {}})["below_floor"] = n
+            return {
+                "ops": ops,
+                "events": [{"t_s": t, "what": w} for t, w in self.events],
+                "records": [asdict(r) for r in self.records],
+                "records_dropped": self.dropped,
+            }
+
+
+def _new_op() -> dict[str, Any]:
+    return {"family": "", "calls": 0, "worker": 0, "local": 0, "unsupported": 0, "fallback": 0,
+            "below_floor": 0, "bytes_sent": 0, "bytes_received": 0, "wall_s": 0.0,
+            "phases": {}, "reasons": Counter()}

@@ -1,0 +1,160 @@
+"""The wire format between client and worker, version 1. No pickle, ever.
+
+A message is a ZeroMQ multipart message: one *header* frame, then zero or more *buffer* frames.
+(On the worker's ROUTER socket a routing identity frame comes first; it is transport, not format.)
+
+The header is a msgpack map:
+
+=========  ==================================================================================
+``v``      int, the wire version (``VERSION``). Any other version is answered with an error.
+``t``      str, the message type. Client to worker: ``hello``, ``call``.
+           Worker to client: ``ready``, ``result``, ``error``.
+``id``     int >= 0, the request id. A reply carries the id of its request; replies are matched
+           by id, never by order, so a late reply to an abandoned request is recognised and dropped.
+=========  ==================================================================================
+
+Per type:
+
+- ``hello``: nothing more. Answered with ``ready`` once the worker is warm.
+- ``ready``: ``pid`` (int), ``device`` (str), ``torch`` (str), ``bench`` (map of str to float:
+  the worker's self-benchmark, e.g. ``matmul_f64_gflops``).
+- ``call``: ``op`` (str, a kernel id from the catalog), ``params`` (map of str to msgpack scalars,
+  lists and nil), ``arrays`` (list of array metas, one per buffer frame, in order), ``layouts``
+  (list, one per result array: ``"C"``, ``"F"``, or a list giving the axis order from the slowest
+  to the fastest varying axis).
+- ``result``: ``arrays`` (array metas of the result buffers), ``timing`` (map of phase name to
+  seconds measured on the worker: ``h2d``, ``kernel``, ``d2h``).
+- ``error``: ``kind`` (one of ``ERROR_KINDS``), ``exc`` (the exception type's name), ``msg`` (str).
+
+An array meta is a map ``{"dtype": str, "shape": [int, ...], "order": "C" | "F"}``. ``dtype`` is a
+NumPy dtype string from ``DTYPES`` (native byte order only); buffer frame *i* holds exactly
+``prod(shape) * itemsize`` bytes laid out in ``order``.
+
+Everything is validated before anything is allocated (:func:`decode`): the header's size, its
+types, the version, the dtype list, the rank, the shape's product against the frame's length, and
+the total against ``max_bytes``. A message that fails raises :class:`WireError`; the worker answers
+it with an ``error`` reply and stays up.
+
+Buffers are sent zero-copy above ``ZERO_COPY_MIN`` bytes (below it a copy is cheaper than the
+bookkeeping; see shared/LIMITS.md) and received zero-copy: a received array is a writable view on
+the ZeroMQ frame, so a result reaches the program without another copy.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+import msgpack
+import numpy as np
+
+VERSION = 1
+ZERO_COPY_MIN = 64 * 1024
+MAX_HEADER = 1 << 20
+MAX_NDIM = 32
+MESSAGE_TYPES = ("hello", "ready", "call", "result", "error")
+ERROR_KINDS = ("bad_request", "version", "unknown_op", "kernel_error", "out_of_memory")
+DTYPES = frozenset(
+    np.dtype(t).str
+    for t in ("?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16")
+)
+
+
+class WireError(ValueError):
+    """A message does not follow the format; the text says which rule it broke."""
+
+
+def to_wire(arr: np.ndarray) -> tuple[dict, Any]:
+    """An array's meta and a buffer over its bytes; copies only when the array is neither C- nor
+    F-contiguous or not in native byte order."""
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    if arr.flags.c_contiguous:
+        order = "C"
+    elif arr.flags.f_contiguous:
+        order = "F"
+    else:
+        arr = np.ascontiguousarray(arr)
+        order = "C"
+    if arr.dtype.str not in DTYPES:
+        raise WireError(f"dtype {arr.dtype} cannot travel on the wire")
+    buf = arr.reshape(-1, order="A").view(np.uint8) if arr.size else b""
+    return {"dtype": arr.dtype.str, "shape": list(arr.shape), "order": order}, buf
+
+
+def encode(header: dict, arrays: Iterable[np.ndarray] = ()) -> list:
+    """Header plus buffer frames for ``arrays``; the array metas go into ``header["arrays"]``."""
+    metas, bufs = [], []
+    for arr in arrays:
+        meta, buf = to_wire(arr)
+        metas.append(meta)
+        bufs.append(buf)
+    full = {"v": VERSION, **header, "arrays": metas}
+    return [msgpack.packb(full, use_bin_type=True), *bufs]
+
+
+def _frame_bytes(frame: Any) -> memoryview:
+    buf = getattr(frame, "buffer", None)  # zmq.Frame
+    return buf if buf is not None else memoryview(frame)
+
+
+def decode_header(frame: Any) -> dict:
+    raw = _frame_bytes(frame)
+    if raw.nbytes > MAX_HEADER:
+        raise WireError(f"header of {raw.nbytes} bytes exceeds {MAX_HEADER}")
+    try:
+        header = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types on malformed input
+        raise WireError(f"header is not valid msgpack: {exc}") from None
+    if not isinstance(header, dict):
+        raise WireError("header is not a map")
+    version = header.get("v")
+    if version != VERSION:
+        raise WireError(f"wire version {version!r} is not supported; this side speaks {VERSION}")
+    kind = header.get("t")
+    if kind not in MESSAGE_TYPES:
+        raise WireError(f"message type {kind!r} is unknown; valid: {', '.join(MESSAGE_TYPES)}")
+    rid = header.get("id")
+    if not isinstance(rid, int) or isinstance(rid, bool) or rid < 0:
+        raise WireError("request id must be an int >= 0")
+    return header
+
+
+def _check_meta(meta: Any, nbytes: int) -> tuple[np.dtype, tuple[int, ...], str]:
+    if not isinstance(meta, dict):
+        raise WireError("array meta is not a map")
+    dtype, shape, order = meta.get("dtype"), meta.get("shape"), meta.get("order")
+    if dtype not in DTYPES:
+        raise WireError(f"dtype {dtype!r} is not accepted")
+    if order not in ("C", "F"):
+        raise WireError(f"order {order!r} is invalid; valid: C, F")
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM:
+        raise WireError(f"shape must be a list of at most {MAX_NDIM} ints")
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise WireError("shape entries must be ints >= 0")
+    dt = np.dtype(dtype)
+    expected = math.prod(shape) * dt.itemsize
+    if expected != nbytes:
+        raise WireError(f"buffer holds {nbytes} bytes but shape {shape} of {dtype} needs {expected}")
+    return dt, tuple(shape), order
+
+
+def decode(frames: Sequence[Any], max_bytes: int = 1 << 40) -> tuple[dict, list[np.ndarray]]:
+    """Validate a message and return its header and its arrays (zero-copy views on the frames)."""
+    if not frames:
+        raise WireError("empty message")
+    header = decode_header(frames[0])
+    metas = header.get("arrays", [])
+    if not isinstance(metas, list):
+        raise WireError("'arrays' must be a list")
+    bufs = [_frame_bytes(f) for f in frames[1:]]
+    if len(metas) != len(bufs):
+        raise WireError(f"{len(metas)} array metas but {len(bufs)} buffer frames")
+    total = sum(b.nbytes for b in bufs)
+    if total > max_bytes:
+        raise WireError(f"message carries {total} bytes, over the limit of {max_bytes}")
+    checked = [_check_meta(m, b.nbytes) for m, b in zip(metas, bufs)]
+    arrays = []
+    for (dt, shape, order), buf in zip(checked, bufs):
+        flat = np.frombuffer(buf, dtype=dt) if buf.nbytes else np.empty(0, dt)
+        arrays.append(flat.reshape(shape, order=order))
+    return header, arrays

@@ -1,0 +1,125 @@
+"""The worker: a ZeroMQ ROUTER that answers ``hello`` once warm and ``call`` with a kernel's results.
+
+It imports neither wrapt nor the planner. Every request is validated (:func:`fusion_shim.wire.decode`)
+before anything is allocated; whatever a request does wrong is answered with an ``error`` reply and
+the loop goes on: a client can make a call fail, never the worker.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from .. import wire
+from ..transport import context, is_loopback, send_frames
+
+MAX_MESSAGE_BYTES = 1 << 36
+
+
+class Worker:
+    def __init__(self, device: str = "auto", test_delay: float = 0.0):
+        from .kernels import KERNELS, TorchBackend  # torch only here, on the worker side
+
+        self.kernels = KERNELS
+        self.backend = TorchBackend(device)
+        self.test_delay = test_delay  # test-only: hold every call this long, to kill it mid-call
+        self.info: dict[str, Any] = {}
+
+    def warm(self) -> None:
+        import torch
+
+        bench = self.backend.warm()
+        self.info = {"pid": os.getpid(), "device": str(self.backend.device), "torch": torch.__version__,
+                     "bench": bench, "test_delay": self.test_delay}
+
+    def handle(self, frames: list) -> list:
+        """One request in, one reply out; never raises."""
+        rid = 0
+        try:
+            header, arrays = wire.decode(frames, max_bytes=MAX_MESSAGE_BYTES)
+            rid = header["id"]
+            kind = header["t"]
+            if kind == "hello":
+                return wire.encode({"t": "ready", "id": rid, **self.info})
+            if kind != "call":
+                return _error(rid, "bad_request", "WireError", f"a worker does not accept {kind!r}")
+            return self._call(rid, header, arrays)
+        except wire.WireError as exc:
+            return _error(rid, "version" if "version" in str(exc) else "bad_request", "WireError", str(exc))
+        except Exception as exc:  # the boundary: any fault becomes a reply, the loop stays up
+            return _error(rid, "kernel_error", type(exc).__name__, str(exc))
+
+    def _call(self, rid: int, header: dict, arrays: list) -> list:
+        kernel = self.kernels.get(header.get("op"))
+        if kernel is None:
+            return _error(rid, "unknown_op", "KeyError", f"no kernel {header.get('op')!r}")
+        params, layouts = header.get("params"), header.get("layouts")
+        if not isinstance(params, dict) or not isinstance(layouts, list) or "cdtype" not in params:
+            return _error(rid, "bad_request", "WireError", "a call needs 'params' with 'cdtype' and 'layouts'")
+        if params["cdtype"] not in wire.DTYPES:
+            return _error(rid, "bad_request", "WireError", f"cdtype {params['cdtype']!r} is not accepted")
+        if self.test_delay:
+            time.sleep(self.test_delay)
+        try:
+            results, timing = self.backend.run(kernel, arrays, params, layouts)
+        except Exception as exc:
+            oom = "out of memory" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError"
+            return _error(rid, "out_of_memory" if oom else "kernel_error", type(exc).__name__, str(exc)[:2000])
+        return wire.encode({"t": "result", "id": rid, "timing": timing}, results)
+
+
+def _error(rid: int, kind: str, exc: str, msg: str) -> list:
+    return wire.encode({"t": "error", "id": rid, "kind": kind, "exc": exc, "msg": msg})
+
+
+def serve(url: str, worker: Worker, *, parent_pid: int | None = None,
+          stop: threading.Event | None = None, allow_network: bool = False) -> None:
+    """Bind ``url``, warm up, then answer requests until ``stop`` is set or the parent exits."""
+    if not is_loopback(url) and not allow_network:
+        raise SystemExit(
+            f"refusing to bind {url}: a network address needs authentication (ZeroMQ CURVE), which this "
+            "version does not provide yet; bind a loopback address or an ipc:// path")
+    sock = context().socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.bind(url)
+    try:
+        worker.warm()  # hellos that arrive meanwhile wait in the socket: nobody is told "ready" early
+        while stop is None or not stop.is_set():
+            if not sock.poll(200):
+                if parent_pid is not None and not _alive(parent_pid):
+                    return  # the embedded worker's client is gone: do not linger as an orphan
+                continue
+            frames = sock.recv_multipart(copy=False)
+            if len(frames) < 2:
+                continue  # no routing identity: nothing to answer to
+            reply = worker.handle(frames[1:])
+            try:
+                send_frames(sock, reply, prefix=[frames[0].bytes])
+            except zmq.ZMQError as exc:  # the client vanished between request and reply
+                print(f"fusion_shim worker: reply not sent: {exc}", file=sys.stderr)
+    finally:
+        sock.close(linger=0)
+
+
+def _alive(pid: int) -> bool:
+    if os.getppid() != pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def serve_in_thread(url: str, device: str = "auto", test_delay: float = 0.0) -> tuple[threading.Thread, threading.Event]:
+    """An in-process worker (``inproc://`` URLs): for tests and debugging, no socket involved."""
+    stop = threading.Event()
+    worker = Worker(device, test_delay)
+    thread = threading.Thread(target=serve, args=(url, worker), kwargs={"stop": stop},
+                              name="fusion-shim-worker", daemon=True)
+    thread.start()
+    return thread, stop

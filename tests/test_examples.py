@@ -1,0 +1,54 @@
+"""Every example prints the same numbers through the shim (forced remote) as under plain python,
+and across the examples the report shows each family computed on the worker."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+SIZE = "512"  # smaller than the defaults: the point is equal answers, not speed
+
+
+def _run(*args, cwd=ROOT):
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def families_on_worker():
+    return set()
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_example_same_output_under_remote(example, tmp_path, families_on_worker):
+    plain = _run(str(example), SIZE)
+    assert plain.returncode == 0, plain.stderr
+    report = tmp_path / "run.json"
+    shim = _run("-m", "fusion_shim", "--policy", "remote", "--report", str(report), str(example), SIZE)
+    assert shim.returncode == 0, shim.stderr
+    assert shim.stdout == plain.stdout
+    assert "fusion_shim report" in shim.stderr  # the table, on stderr
+    data = json.loads(report.read_text())
+    assert data["schema"] == "fusion_shim.report/1"
+    ops = data["ops"]
+    assert ops and all(o["fallback"] == 0 for o in ops.values()), ops
+    for o in ops.values():
+        if o["worker"]:
+            families_on_worker.add(o["family"])
+    assert sum(o["worker"] for o in ops.values()) > 0
+
+
+def test_every_family_ran_on_the_worker(families_on_worker):
+    if len(families_on_worker) == 0:
+        pytest.skip("runs after the example tests")
+    assert families_on_worker == {"products", "linalg", "fft"}
+
+
+def test_example_same_output_under_auto():
+    example = ROOT / "examples" / "lstsq_fit.py"
+    plain = _run(str(example), SIZE)
+    shim = _run("-m", "fusion_shim", "--quiet", str(example), SIZE)
+    assert shim.returncode == 0, shim.stderr
+    assert shim.stdout == plain.stdout

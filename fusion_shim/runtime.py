@@ -63,8 +63,9 @@ class WorkerLink:
         self.ready_after_s: float | None = None
         self._local = threading.local()
         self._ids = itertools.count(1)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # spawn, stop and probe never interleave
         self._probing = False
+        self.stopped = False  # after stop(): no restart, no probe (a late thread must not respawn)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -91,7 +92,7 @@ class WorkerLink:
     def _probe(self) -> None:
         """Say hello in the background; the worker answers once warm."""
         with self._lock:
-            if self._probing:
+            if self._probing or self.stopped:
                 return
             self._probing = True
         threading.Thread(target=self._handshake, name="fusion-shim-handshake", daemon=True).start()
@@ -162,19 +163,19 @@ class WorkerLink:
             self._probe()
 
     def _maybe_restart(self) -> None:
-        if not self.embedded or self.alive() or os.getpid() != self.owner:
-            return
-        if self.restarts >= MAX_RESTARTS:
-            self.ledger.event(f"embedded worker exited (code {self.proc.returncode}); "
-                              f"{MAX_RESTARTS} restarts used, the rest of the run stays local")
-            return
-        self.restarts += 1
-        self.ledger.event(f"embedded worker exited (code {self.proc.returncode}); restart {self.restarts}")
-        self._drop_channel()
-        self._spawn()  # a new URL: every thread's channel() notices and reconnects
         with self._lock:
+            if self.stopped or not self.embedded or self.alive() or os.getpid() != self.owner:
+                return
+            if self.restarts >= MAX_RESTARTS:
+                self.ledger.event(f"embedded worker exited (code {self.proc.returncode}); "
+                                  f"{MAX_RESTARTS} restarts used, the rest of the run stays local")
+                return
+            self.restarts += 1
+            self.ledger.event(f"embedded worker exited (code {self.proc.returncode}); restart {self.restarts}")
+            self._drop_channel()
+            self._spawn()  # a new URL: every thread's channel() notices and reconnects
             self._probing = False
-        self._probe()
+            self._probe()
 
     def wait_ready(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -203,6 +204,10 @@ class WorkerLink:
         return next(self._ids)
 
     def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+        self.state = "stopped"
+        self.ready.clear()
         if self.proc is not None and os.getpid() == self.owner and self.proc.poll() is None:
             self.proc.terminate()
             try:

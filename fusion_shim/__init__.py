@@ -16,6 +16,8 @@ from __future__ import annotations
 from typing import Any
 
 from . import intercept as _intercept
+from . import report as _report  # light (no numpy); imported first so the function below wins:
+# importing a submodule binds it on its package, which would shadow ``report()`` after its first call
 from .config import Config, ConfigError
 from .intercept import active, install, uninstall
 
@@ -28,9 +30,7 @@ def report() -> dict[str, Any] | None:
     rt = active()
     if rt is None:
         return None
-    from .report import build
-
-    return build(rt)
+    return _report.build(rt)
 
 
 def __getattr__(name: str) -> Any:
@@ -42,9 +42,7 @@ def __getattr__(name: str) -> Any:
 
 
 def _report_at_exit(rt: Any) -> None:
-    from .report import at_exit
-
-    at_exit(rt)
+    _report.at_exit(rt)
 
 
 _intercept.on_exit(_report_at_exit)

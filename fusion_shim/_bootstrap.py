@@ -6,6 +6,7 @@ inherit ``FUSION_SHIM_WORKER`` once this process has started its worker, and reu
 """
 from __future__ import annotations
 
+import os
 import sys
 
 
@@ -17,7 +18,10 @@ def run() -> None:
         config = Config.load()
     except ConfigError as exc:
         sys.stderr.write(f"fusion_shim: {exc}\n")
-        raise SystemExit(2) from None
+        sys.stderr.flush()
+        # not SystemExit: raised while site imports the .pth, it becomes "Fatal Python error:
+        # init_import_site" with a traceback and exit code 1; nothing has run yet that needs atexit
+        os._exit(2)
     rt = install(config)
     rt.export_env = True
 

@@ -117,10 +117,24 @@ def run_program(config: Any, script: str | None, module: str | None, args: list[
         exec(code, main_mod.__dict__)
     except SystemExit:
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
+        # left to propagate, so that the interpreter exits by SIGINT as plain python does; the
+        # frames it picks up on the way (runpy, this launcher) come off when it is printed
+        _strip_chain(exc)
+        user_tb, hook = exc.__traceback__, sys.excepthook
+
+        def _print_user_frames(t: type, value: BaseException, tb: Any, interrupt: BaseException = exc) -> None:
+            if value is interrupt:
+                value.__traceback__ = tb = user_tb
+            hook(t, value, tb)
+
+        sys.excepthook = _print_user_frames
         raise
     except BaseException as exc:
-        sys.excepthook(type(exc), exc, _user_frames(exc.__traceback__))
+        # the default hook prints exc.__traceback__ (the tb argument only when that is unset), so
+        # the launcher's frames must come off the exception itself, and off its chained causes
+        _strip_chain(exc)
+        sys.excepthook(type(exc), exc, exc.__traceback__)
         return 1
     return 0
 
@@ -166,6 +180,16 @@ def _load_module(name: str) -> tuple[Any, types.ModuleType | None, str]:
     if spec.cached:
         main_mod.__cached__ = spec.cached
     return code, main_mod, spec.origin or name
+
+
+def _strip_chain(exc: BaseException, seen: set[int] | None = None) -> None:
+    """Take the shim's frames off ``exc`` and the exceptions chained to it (cause, context)."""
+    seen = set() if seen is None else seen
+    seen.add(id(exc))
+    exc.__traceback__ = _user_frames(exc.__traceback__)
+    for linked in (exc.__cause__, exc.__context__):
+        if linked is not None and id(linked) not in seen:
+            _strip_chain(linked, seen)
 
 
 def _user_frames(tb: Any) -> Any:

@@ -64,6 +64,17 @@ class Ledger:
         self.fast_path: dict[str, list[int]] = defaultdict(lambda: [0])
         self.events: list[tuple[float, str]] = []  # worker lifecycle: started, ready, faults
 
+    def reset_after_fork(self) -> None:
+        """A forked child reports its own calls, not its parent's: start afresh (a new lock too,
+        since another thread of the parent may have held the old one at the fork)."""
+        self.lock = threading.Lock()
+        self.records.clear()
+        self.dropped = 0
+        self.ops.clear()
+        self.events.clear()
+        for cell in self.fast_path.values():
+            cell[0] = 0  # the same cells: the interceptor's wrappers hold them
+
     def now(self) -> float:
         return time.perf_counter() - self.started
 

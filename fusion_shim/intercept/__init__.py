@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import os
 import sys
 import threading
 import time
@@ -99,6 +100,16 @@ class _Pending:
     def __init__(self, config: Config):
         self.config = config
         self.export_env = False
+
+
+def _after_fork_in_child() -> None:
+    rt = _runtime
+    if rt is not None and not isinstance(rt, _Pending):
+        rt.ledger.reset_after_fork()
+        rt.ledger.event(f"forked from pid {rt.link.owner if rt.link else '?'}; own connection to the worker")
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _on_numpy(_numpy: ModuleType) -> None:

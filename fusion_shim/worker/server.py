@@ -3,48 +3,93 @@
 It imports neither wrapt nor the planner. Every request is validated (:func:`fusion_shim.wire.decode`)
 before anything is allocated; whatever a request does wrong is answered with an ``error`` reply and
 the loop goes on: a client can make a call fail, never the worker.
+
+Issue 8 (security and faults):
+
+- It binds loopback or ``ipc://`` unless told otherwise. A network address needs ``keys`` (CURVE
+  with a ZAP allow-list, :mod:`fusion_shim.auth`; also usable on loopback) or ``insecure=True``,
+  which warns loudly. ``max_bytes`` is the budget of one message; it is ZeroMQ's ``MAXMSGSIZE`` on
+  the socket as well, so a larger frame is dropped with its connection before it is buffered.
+- A call declares its results; they count against the budget before the kernel runs, FFT sizes
+  (``n``, ``s``) must fit them, and a kernel that returns anything else is answered with an error.
+- Out of memory: caches are freed and the call is tried once more, then answered with an
+  ``out_of_memory`` error (the client computes it locally). There is no resident store yet to
+  evict (issue 6); freeing means the allocator's cache.
+- ``hello`` runs a health check through the same path as a call and compares the answer exactly.
 """
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
 import time
 from typing import Any
 
+import numpy as np
 import zmq
 
 from .. import wire
 from ..transport import context, is_loopback, send_frames
 
 MAX_MESSAGE_BYTES = 1 << 36
+# FFT sizes name an output length: each must fit the declared results (rfft gives n // 2 + 1)
+SIZE_PARAMS = {"fft.": ("n", "s")}
+_HEALTH_A = np.array([[1.0, 2.0], [3.0, 4.0]])
+_HEALTH_B = np.array([[5.0, 6.0], [7.0, 8.0]])
+_HEALTH_AB = np.array([[19.0, 22.0], [43.0, 50.0]])  # exact in binary floating point
 
 
 class Worker:
-    def __init__(self, device: str = "auto", test_delay: float = 0.0):
-        from .kernels import KERNELS, TorchBackend  # torch only here, on the worker side
+    """``backend`` and ``kernels`` default to torch (:mod:`.kernels`); tests may give a NumPy pair
+    (a backend has ``device``, ``warm()``, ``run(kernel, arrays, params, layouts)``)."""
 
-        self.kernels = KERNELS
-        self.backend = TorchBackend(device)
+    def __init__(self, device: str = "auto", test_delay: float = 0.0, *, max_bytes: int = MAX_MESSAGE_BYTES,
+                 backend: Any = None, kernels: dict | None = None):
+        if backend is None:
+            from .kernels import KERNELS, TorchBackend  # torch only here, on the worker side
+
+            backend, kernels = TorchBackend(device), KERNELS
+        self.kernels = kernels
+        self.backend = backend
+        self.max_bytes = max_bytes
         self.test_delay = test_delay  # test-only: hold every call this long, to kill it mid-call
         self.info: dict[str, Any] = {}
 
     def warm(self) -> None:
-        import torch
-
+        try:
+            import torch
+            version = torch.__version__
+        except ImportError:  # a NumPy test backend
+            version = "none"
         bench = self.backend.warm()
-        self.info = {"pid": os.getpid(), "device": str(self.backend.device), "torch": torch.__version__,
+        self.info = {"pid": os.getpid(), "device": str(self.backend.device), "torch": version,
                      "bench": bench, "test_delay": self.test_delay}
+
+    def health(self) -> str | None:
+        """A small matmul through the call path (to the device and back), its answer checked
+        exactly; None when healthy, else what went wrong."""
+        try:
+            out, _ = self.backend.run(self.kernels["matmul"], [_HEALTH_A, _HEALTH_B], {"cdtype": "<f8"}, ["C"])
+        except Exception as exc:
+            return f"health check raised {type(exc).__name__}: {exc}"[:500]
+        if len(out) != 1 or not np.array_equal(out[0], _HEALTH_AB):
+            return f"health check: a 2x2 matmul gave {[np.asarray(o).tolist() for o in out]}, not {_HEALTH_AB.tolist()}"
+        return None
 
     def handle(self, frames: list) -> list:
         """One request in, one reply out; never raises."""
         rid = 0
         try:
-            header, arrays = wire.decode(frames, max_bytes=MAX_MESSAGE_BYTES)
+            header, arrays = wire.decode(frames, max_bytes=self.max_bytes)
             rid = header["id"]
             kind = header["t"]
             if kind == "hello":
-                return wire.encode({"t": "ready", "id": rid, **self.info})
+                t = time.perf_counter()
+                sick = self.health()
+                if sick is not None:
+                    return _error(rid, "unhealthy", "HealthCheck", sick)
+                return wire.encode({"t": "ready", "id": rid, **self.info, "health_s": time.perf_counter() - t})
             if kind != "call":
                 return _error(rid, "bad_request", "WireError", f"a worker does not accept {kind!r}")
             return self._call(rid, header, arrays)
@@ -60,32 +105,122 @@ class Worker:
         params, layouts = header.get("params"), header.get("layouts")
         if not isinstance(params, dict) or not isinstance(layouts, list) or "cdtype" not in params:
             return _error(rid, "bad_request", "WireError", "a call needs 'params' with 'cdtype' and 'layouts'")
-        if params["cdtype"] not in wire.DTYPES:
+        if not isinstance(params["cdtype"], str) or params["cdtype"] not in wire.DTYPES:
             return _error(rid, "bad_request", "WireError", f"cdtype {params['cdtype']!r} is not accepted")
+        declared = wire.declared_results(header.get("results"), self.max_bytes - sum(a.nbytes for a in arrays))
+        if len(declared) != len(layouts):
+            return _error(rid, "bad_request", "WireError", f"{len(declared)} declared results, {len(layouts)} layouts")
+        too_big = _size_params_over(header["op"], params, declared)
+        if too_big:
+            return _error(rid, "bad_request", "WireError", too_big)
         if self.test_delay:
             time.sleep(self.test_delay)
         try:
-            results, timing = self.backend.run(kernel, arrays, params, layouts)
+            results, timing = self._run(kernel, arrays, params, layouts)
         except Exception as exc:
-            oom = "out of memory" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError"
-            return _error(rid, "out_of_memory" if oom else "kernel_error", type(exc).__name__, str(exc)[:2000])
+            kind = "out_of_memory" if _is_oom(exc) else "kernel_error"
+            return _error(rid, kind, type(exc).__name__, str(exc)[:2000])
+        got = [(r.dtype, r.shape) for r in results]
+        if got != declared:
+            return _error(rid, "kernel_error", "ResultMismatch",
+                          f"kernel made {[f'{d.str}{list(s)}' for d, s in got]}, the call declared "
+                          f"{[f'{d.str}{list(s)}' for d, s in declared]}")
         return wire.encode({"t": "result", "id": rid, "timing": timing}, results)
+
+    def _run(self, kernel: Any, arrays: list, params: dict, layouts: list) -> tuple[list, dict]:
+        """Run once; out of memory: free what can be freed and run once more (issue 8)."""
+        try:
+            return self.backend.run(kernel, arrays, params, layouts)
+        except Exception as exc:
+            if not _is_oom(exc):
+                raise
+        _free_memory(self.backend)
+        results, timing = self.backend.run(kernel, arrays, params, layouts)
+        timing["oom_retry"] = 1.0
+        return results, timing
+
+
+def _is_oom(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+            or "out of memory" in text or "can't allocate memory" in text)
+
+
+def _free_memory(backend: Any) -> None:
+    free = getattr(backend, "free_memory", None)
+    if free is not None:
+        free()
+        return
+    gc.collect()
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def _size_params_over(op: str, params: dict, declared: list) -> str | None:
+    """An FFT size larger than the results the call declares would allocate past the budget."""
+    names = next((n for prefix, n in SIZE_PARAMS.items() if op.startswith(prefix)), ())
+    limit = 2 * max((d for _, shape in declared for d in shape), default=0) + 2
+    for name in names:
+        value = params.get(name)
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if v is None:
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or abs(v) > limit:
+                return f"{name}={value!r} does not fit the declared results (each size at most {limit})"
+    return None
 
 
 def _error(rid: int, kind: str, exc: str, msg: str) -> list:
     return wire.encode({"t": "error", "id": rid, "kind": kind, "exc": exc, "msg": msg})
 
 
-def serve(url: str, worker: Worker, *, parent_pid: int | None = None,
-          stop: threading.Event | None = None, allow_network: bool = False) -> None:
-    """Bind ``url``, warm up, then answer requests until ``stop`` is set or the parent exits."""
-    if not is_loopback(url) and not allow_network:
-        raise SystemExit(
-            f"refusing to bind {url}: a network address needs authentication (ZeroMQ CURVE), which this "
-            "version does not provide yet; bind a loopback address or an ipc:// path")
-    sock = context().socket(zmq.ROUTER)
+INSECURE_WARNING = """\
+fusion_shim worker: WARNING: serving {url} WITHOUT AUTHENTICATION (--insecure).
+  Anyone who can reach this address can send buffers to this worker and run its kernels on them.
+  Use --keys DIR (fusion-shim keys DIR) to accept only the clients you list."""
+
+
+def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: threading.Event | None = None,
+          keys: str | None = None, insecure: bool = False, ready: threading.Event | None = None,
+          on_request: Any = None) -> None:
+    """Bind ``url``, warm up, then answer requests until ``stop`` is set or the parent exits.
+
+    ``keys``: a directory from ``fusion-shim keys`` (CURVE, allow-listed clients only). A network
+    address without ``keys`` is refused unless ``insecure``. ``ready`` is set once bound;
+    ``on_request`` (tests) is called with every request that reaches the dispatcher."""
+    if not is_loopback(url) and keys is None:
+        if not insecure:
+            raise SystemExit(
+                f"refusing to bind {url}: a network address needs authentication; make keys with "
+                "`fusion-shim keys DIR` and serve with --keys DIR (or bind a loopback address or an "
+                "ipc:// path; --insecure serves without authentication)")
+        print(INSECURE_WARNING.format(url=url), file=sys.stderr, flush=True)
+    auth = None
+    # a CURVE worker gets its own context: the ZAP handler is per context, and it must not judge
+    # the sockets of a client living in the same process (tests)
+    ctx = zmq.Context() if keys is not None else context()
+    sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(url)
+    sock.setsockopt(zmq.MAXMSGSIZE, max(worker.max_bytes, wire.MAX_HEADER))
+    try:
+        if keys is not None:
+            from ..auth import secure_server
+
+            auth = secure_server(ctx, sock, keys)
+        sock.bind(url)
+    except BaseException:
+        sock.close(linger=0)
+        if auth is not None:
+            auth.stop()
+        raise
+    if ready is not None:
+        ready.set()
     try:
         worker.warm()  # hellos that arrive meanwhile wait in the socket: nobody is told "ready" early
         while stop is None or not stop.is_set():
@@ -96,6 +231,8 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None,
             frames = sock.recv_multipart(copy=False)
             if len(frames) < 2:
                 continue  # no routing identity: nothing to answer to
+            if on_request is not None:
+                on_request(frames[1:])
             reply = worker.handle(frames[1:])
             try:
                 send_frames(sock, reply, prefix=[frames[0].bytes])
@@ -103,6 +240,10 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None,
                 print(f"fusion_shim worker: reply not sent: {exc}", file=sys.stderr)
     finally:
         sock.close(linger=0)
+        if auth is not None:
+            auth.stop()
+        if keys is not None:
+            ctx.term()
 
 
 def _alive(pid: int) -> bool:
@@ -115,11 +256,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def serve_in_thread(url: str, device: str = "auto", test_delay: float = 0.0) -> tuple[threading.Thread, threading.Event]:
-    """An in-process worker (``inproc://`` URLs): for tests and debugging, no socket involved."""
+def serve_in_thread(url: str, device: str = "auto", test_delay: float = 0.0, worker: Worker | None = None,
+                    **serve_kwargs: Any) -> tuple[threading.Thread, threading.Event]:
+    """A worker in a thread of this process (``inproc://`` URLs, or a socket): for tests and
+    debugging. Returns once it is bound."""
     stop = threading.Event()
-    worker = Worker(device, test_delay)
-    thread = threading.Thread(target=serve, args=(url, worker), kwargs={"stop": stop},
+    bound = threading.Event()
+    worker = Worker(device, test_delay) if worker is None else worker
+    thread = threading.Thread(target=serve, args=(url, worker), kwargs={"stop": stop, "ready": bound, **serve_kwargs},
                               name="fusion-shim-worker", daemon=True)
     thread.start()
+    while not bound.wait(0.05):
+        if not thread.is_alive():
+            raise RuntimeError(f"the worker thread for {url} exited before binding")
     return thread, stop

@@ -410,7 +410,7 @@ class Runtime:
             return rec
         rec.kind = "worker"
         rec.wall_s = time.perf_counter() - t0
-        self.profile.learn(spec.family, "worker", decision.remote_s, rec.wall_s)
+        self.profile.learn(spec.family, "worker", predicted, rec.wall_s)  # also under remote: deadlines use it
         self.ledger.add(rec)
         return Done(value)
 

@@ -33,6 +33,8 @@ SCHEMES = ("inproc", "ipc", "tcp")
 POLL_SLICE_S = 0.05  # how often a waiting client checks that its worker is still there
 HEARTBEAT_IVL_MS = 250
 HEARTBEAT_TIMEOUT_MS = 1000  # a stopped worker is noticed about this long after its last answer (issue 8)
+RECONNECT_IVL_MS = 20        # a restarted worker is found this soon (libzmq's default is 100 ms),
+RECONNECT_IVL_MAX_MS = 1000  # backing off to once a second while it stays away
 _WATCHED = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
@@ -125,15 +127,20 @@ class Channel:
         self.handshakes = 0  # successful handshakes of the data socket (reconnects add to it)
         self.up = False      # the data socket's connection, as its monitor last said
         self._pending: list[TransportError] = []
+        self.curve = curve is not None
         ctx = context()
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+        self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
         self.pulse = None
         if url.startswith("inproc://"):  # same process: nothing to lose, nothing to watch
             self.monitors = []
         else:
             self.pulse = ctx.socket(zmq.DEALER)
             self.pulse.setsockopt(zmq.LINGER, 0)
+            self.pulse.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+            self.pulse.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
             self.pulse.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
             self.pulse.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
             self.monitors = [self.sock.get_monitor_socket(_WATCHED),
@@ -167,18 +174,18 @@ class Channel:
                     self.up = True
                 elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                     self._pending.append(Refused(f"the worker at {self.url} refused this client's key"))
-                elif event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+                elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
                     self._pending.append(Refused(
                         f"security handshake with {self.url} failed (wrong server key, or one side speaks "
                         "CURVE and the other does not)"))
-                elif event == zmq.EVENT_DISCONNECTED:
+                elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
                     if self.up:
                         self._pending.append(WorkerLost(f"connection to {self.url} lost (worker killed, "
                                                         "stopped or unreachable)"))
-                    else:
-                        self._pending.append(Refused(
-                            f"{self.url} closed the connection before the handshake completed (the worker "
-                            "exited, or refused this client: wrong server key, or CURVE on one side only)"))
+                    else:  # a worker dying mid-handshake looks the same as one refusing our keys
+                        hint = " (with CURVE: or a wrong server key)" if self.curve else ""
+                        self._pending.append(WorkerLost(
+                            f"{self.url} closed the connection before the handshake completed{hint}"))
                     self.up = False
 
     def request(

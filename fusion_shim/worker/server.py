@@ -57,14 +57,10 @@ class Worker:
         self.info: dict[str, Any] = {}
 
     def warm(self) -> None:
-        try:
-            import torch
-            version = torch.__version__
-        except ImportError:  # a NumPy test backend
-            version = "none"
         bench = self.backend.warm()
-        self.info = {"pid": os.getpid(), "device": str(self.backend.device), "torch": version,
-                     "bench": bench, "test_delay": self.test_delay}
+        torch = sys.modules.get("torch")  # loaded by the torch backend; a test backend has none
+        self.info = {"pid": os.getpid(), "device": str(self.backend.device),
+                     "torch": getattr(torch, "__version__", "none"), "bench": bench, "test_delay": self.test_delay}
 
     def health(self) -> str | None:
         """A small matmul through the call path (to the device and back), its answer checked

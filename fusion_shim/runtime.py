@@ -294,6 +294,13 @@ class WorkerLink:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
+def call_message(rid: int, prep: Prepared) -> list:
+    """The ``call`` message for a prepared call (wire.py's docstring has the format)."""
+    results = [{"dtype": dt.str, "shape": list(shape)} for dt, shape in prep.results]
+    return wire.encode({"t": "call", "id": rid, "op": prep.spec.kernel_id, "params": prep.params,
+                        "layouts": prep.layouts, "results": results}, prep.arrays)
+
+
 def _load_curve(config: Config) -> tuple[bytes, bytes, bytes] | None:
     """(server public, client public, client secret) from the Config's key files, or None."""
     if not config.server_key:
@@ -408,6 +415,12 @@ class Runtime:
                 self.link.fault(exc)
             rec.kind, rec.reason = "fallback", f"{type(exc).__name__}: {exc}{detail}"[:300]
             return rec
+        except Exception as exc:
+            # a bug on the shim's own remote path (not NumPy's error, not the worker's: NumPy runs
+            # after this, in the caller's frame) must not reach the program either (issue 8)
+            self.link.fault(exc)
+            rec.kind, rec.reason = "fallback", f"internal error: {type(exc).__name__}: {exc}"[:300]
+            return rec
         rec.kind = "worker"
         rec.wall_s = time.perf_counter() - t0
         self.profile.learn(spec.family, "worker", predicted, rec.wall_s)  # also under remote: deadlines use it
@@ -429,9 +442,7 @@ class Runtime:
         chan = link.channel()
         rid = link.next_id()
         t0 = time.perf_counter()
-        results = [{"dtype": dt.str, "shape": list(shape)} for dt, shape in prep.results]
-        frames = wire.encode({"t": "call", "id": rid, "op": prep.spec.kernel_id, "params": prep.params,
-                              "layouts": prep.layouts, "results": results}, prep.arrays)
+        frames = call_message(rid, prep)
         t1 = time.perf_counter()
         header, arrays = chan.request(rid, frames, time.monotonic() + deadline_s, link.alive)
         t2 = time.perf_counter()

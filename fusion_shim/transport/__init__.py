@@ -20,6 +20,7 @@ fails, is :class:`Refused`.
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import os
 import threading
 import time
@@ -98,6 +99,13 @@ def context() -> zmq.Context:
         return _ctx[1]
 
 
+_monitor_ids = itertools.count()
+
+
+def _monitor_addr() -> str:
+    return f"inproc://fusion-shim-monitor-{os.getpid()}-{next(_monitor_ids)}"
+
+
 def _reset_after_fork() -> None:
     global _ctx_lock
     _ctx_lock = threading.Lock()  # another thread may have held it at the fork
@@ -122,6 +130,15 @@ class Channel:
 
     def __init__(self, url: str, curve: tuple[bytes, bytes, bytes] | None = None):
         check_url(url)
+        self.sock = self.pulse = None
+        self.monitors: list[zmq.Socket] = []
+        try:
+            self._open(url, curve)
+        except zmq.ZMQError as exc:  # e.g. out of file descriptors: a fault like any other
+            self.close()
+            raise TransportError(f"cannot open a channel to {url}: {exc}") from None
+
+    def _open(self, url: str, curve: tuple[bytes, bytes, bytes] | None) -> None:
         self.url = url
         self.pid = os.getpid()
         self.handshakes = 0  # successful handshakes of the data socket (reconnects add to it)
@@ -133,18 +150,20 @@ class Channel:
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
         self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
-        self.pulse = None
-        if url.startswith("inproc://"):  # same process: nothing to lose, nothing to watch
-            self.monitors = []
-        else:
+        if not url.startswith("inproc://"):  # inproc: same process, nothing to lose, nothing to watch
             self.pulse = ctx.socket(zmq.DEALER)
             self.pulse.setsockopt(zmq.LINGER, 0)
             self.pulse.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
             self.pulse.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
             self.pulse.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
             self.pulse.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
-            self.monitors = [self.sock.get_monitor_socket(_WATCHED),
-                             self.pulse.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED)]
+            # named by pid and a counter: pyzmq's default name reuses the socket's file descriptor,
+            # which a channel opened right after another was closed can get again
+            self.monitors = [
+                self.sock.get_monitor_socket(_WATCHED, addr=_monitor_addr()),
+                self.pulse.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED,
+                                              addr=_monitor_addr()),
+            ]
             for mon in self.monitors:
                 mon.setsockopt(zmq.LINGER, 0)
         for sock in (self.sock, self.pulse):
@@ -198,15 +217,18 @@ class Channel:
         """Send ``frames`` and return the decoded reply with id ``rid``; raise TransportError."""
         # what happened before this request (an old disconnect) is not about it, except that a
         # connection known to be down cannot carry it: fail now rather than at the deadline
-        self._pending = []
-        self._events()
-        self._pending = []
-        if self.handshakes and not self.up:
-            raise WorkerLost(f"connection to {self.url} is down (lost since the last call, not yet back)")
         try:
+            self._pending = []
+            self._events()
+            self._pending = []
+            if self.handshakes and not self.up:
+                raise WorkerLost(f"connection to {self.url} is down (lost since the last call, not yet back)")
             send_frames(self.sock, frames)
+            return self._wait(rid, deadline, alive)
         except zmq.ZMQError as exc:
-            raise TransportError(f"send failed: {exc}") from None
+            raise TransportError(f"socket error: {exc}") from None
+
+    def _wait(self, rid: int, deadline: float, alive: Callable[[], bool] | None) -> tuple[dict, list]:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -229,7 +251,7 @@ class Channel:
 
     def close(self) -> None:
         for sock in (self.sock, self.pulse):
-            if sock is None:
+            if sock is None or sock.closed:
                 continue
             if self.monitors:
                 try:

@@ -245,12 +245,15 @@ class WorkerLink:
             self._probing = False
             self._probe()
 
-    def wait_ready(self, timeout: float) -> bool:
+    def wait_ready(self, timeout: float, while_starting: bool = False) -> bool:
         """Wait for readiness up to ``timeout``; False at once when there is no hope (stopped, or an
-        embedded worker dead with no restart left)."""
+        embedded worker dead with no restart left), or with ``while_starting`` once the worker is
+        no longer a cold one starting up (its first probe failed: calls do not wait on retries)."""
         deadline = time.monotonic() + timeout
         while not self.ready.is_set():
             if self.stopped or (self.embedded and self.restarts >= MAX_RESTARTS and not self.alive()):
+                return False
+            if while_starting and self.state != "starting":
                 return False
             if not self.ready.wait(min(0.05, max(deadline - time.monotonic(), 0))) and time.monotonic() >= deadline:
                 return False
@@ -384,7 +387,7 @@ class Runtime:
         # only a cold worker is waited for; one that faulted is probed in the background instead
         if self.config.policy == "remote" and self.link is not None and self.link.state == "starting":
             waited = time.perf_counter()
-            self.link.wait_ready(self.config.ready_timeout)
+            self.link.wait_ready(self.config.ready_timeout, while_starting=True)
             rec.phases["wait_ready"] = time.perf_counter() - waited
         decision = plan.decide(self.config.policy, spec.family, prep.flops, prep.bytes_in, prep.bytes_out,
                                self.worker_state(), self.profile, self.config.min_flops)
@@ -457,6 +460,9 @@ class Runtime:
         timing = header.get("timing") if isinstance(header.get("timing"), dict) else {}
         worker_s = {k: float(v) for k, v in timing.items() if k in ("h2d", "kernel", "d2h") and isinstance(v, (int, float))}
         rec.phases.update(worker_s)
+        if timing.get("oom_retry"):
+            self.ledger.event(f"worker ran out of memory on {prep.spec.kernel_id}; it freed its caches and the retry "
+                              "succeeded")
         rec.phases.update(encode=t1 - t0, transfer=max(t2 - t1 - sum(worker_s.values()), 0.0), decode=t3 - t2)
         self.profile.learn_link(rec.bytes_sent + rec.bytes_received, rec.phases["transfer"])
         return value

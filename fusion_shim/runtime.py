@@ -134,7 +134,7 @@ class WorkerLink:
             rid = next(self._ids)
             t = time.monotonic()
             header, _ = chan.request(rid, wire.encode({"t": "hello", "id": rid}),
-                                     t + self.config.ready_timeout, self.alive)
+                                     t + self.config.ready_timeout, self._probe_alive)
             if header["t"] == "error":
                 raise transport.BadReply(f"hello answered with an error: {header.get('kind')}: {header.get('msg')}")
             if header["t"] != "ready":
@@ -207,6 +207,11 @@ class WorkerLink:
         took = time.perf_counter() - t
         health = header.get("health_s")
         return max(took - health, took / 10) if isinstance(health, float) else took
+
+    def _probe_alive(self) -> bool:
+        """A probe also ends when the link is stopped: its thread must not hold a socket for up to
+        ready_timeout after uninstall."""
+        return not self.stopped and self.alive()
 
     def alive(self) -> bool:
         if self.proc is None:
@@ -282,6 +287,7 @@ class WorkerLink:
             self.stopped = True
         self.state = "stopped"
         self.ready.clear()
+        self._drop_channel()  # this thread's; other threads' channels go with their threads
         if self.proc is not None and os.getpid() == self.owner and self.proc.poll() is None:
             self.proc.terminate()
             try:

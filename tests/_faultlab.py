@@ -427,7 +427,9 @@ def fault_run(directory: str, n_calls: int, *, seed: int, rate: float, timeout: 
                 "p99_s": times[int(len(times) * 0.99)], "median_s": times[len(times) // 2],
                 "injections": lab.injections(), "injected": sum(lab.injections().values()),
                 "workers_started": lab.spawned, "kinds": kinds, "fallback_reasons": reasons,
-                "wall_s": time.monotonic() - started, "timeout": timeout}
+                "wall_s": time.monotonic() - started, "timeout": timeout,
+                "events_tail": [e for _, e in rt.ledger.events[-12:]],
+                "open_fds": len(os.listdir("/proc/self/fd"))}
     finally:
         fusion_shim.uninstall()
         lab.close()

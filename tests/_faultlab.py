@@ -392,7 +392,7 @@ def fault_run(directory: str, n_calls: int, *, seed: int, rate: float, timeout: 
         rt.crash_limit = 10**9
         lab.armed = rt.link.ready.is_set
         assert rt.link.wait_ready(30), events(rt)
-        wrong, raised, times, done = [], [], [], 0
+        wrong, raised, times, done, slow = [], [], [], 0, []
         started = time.monotonic()
         i = 0
         injected = 0
@@ -409,6 +409,9 @@ def fault_run(directory: str, n_calls: int, *, seed: int, rate: float, timeout: 
                 raised.append(f"{kind}: {type(exc).__name__}: {exc}")
                 got = None
             times.append(time.monotonic() - t)
+            if times[-1] > timeout + 0.05 and rt.ledger.records and len(slow) < 10:
+                r = rt.ledger.records[-1]
+                slow.append((round(times[-1], 3), r.kind, r.reason[:60], {k: round(v, 3) for k, v in r.phases.items()}))
             if got is not None and not np.allclose(got, want, rtol=1e-10, atol=1e-10):
                 wrong.append((i, kind))
             i += 1
@@ -429,7 +432,7 @@ def fault_run(directory: str, n_calls: int, *, seed: int, rate: float, timeout: 
                 "workers_started": lab.spawned, "kinds": kinds, "fallback_reasons": reasons,
                 "wall_s": time.monotonic() - started, "timeout": timeout,
                 "events_tail": [e for _, e in rt.ledger.events[-12:]],
-                "open_fds": len(os.listdir("/proc/self/fd"))}
+                "open_fds": len(os.listdir("/proc/self/fd")), "slow_calls": slow}
     finally:
         fusion_shim.uninstall()
         lab.close()

@@ -4,8 +4,9 @@ program, no call waiting past its deadline.
 
 SIMULATED device: tests/_faultlab.py runs the real server loop (wire, validation, dispatcher) with
 NumPy kernels, forked from a zygote so that a killed worker is replaced within milliseconds. The
-client is the real shim, policy remote, an external worker over ipc://. The longer run (>= 2,000
-injections) is benchmarks/bench_reliability.py.
+client is the real shim, policy remote, an external worker over ipc://. ~22 s on the 2-core
+development machine. The longer run (>= 2,000 injections) is benchmarks/bench_reliability.py, its
+figures in benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 

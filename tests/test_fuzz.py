@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 
-import pytest
 import zmq
 
 from fusion_shim import auth, transport

@@ -15,8 +15,6 @@ import socket
 import stat
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import msgpack
@@ -245,6 +243,33 @@ def test_shim_over_curve(keys, curve_worker):
     text = "\n".join(e for _, e in rt.ledger.events)
     assert "Refused: the worker at" in text and "refused this client's key" in text, text
     assert curve_worker.dispatched == before
+
+
+def test_launcher_flags_over_curve(keys, curve_worker, tmp_path):
+    d, _ = keys
+    app = tmp_path / "app.py"
+    app.write_text("import numpy as np\n"
+                   "a = np.arange(64.0 * 64).reshape(64, 64) / 4096\n"
+                   "print(float(np.matmul(a, a).sum()))\n")
+    report = tmp_path / "run.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
+    r = subprocess.run([PY, "-m", "fusion_shim", "--policy", "remote", "--worker", curve_worker.url, "--quiet",
+                        "--server-key", str(d / "server.key"), "--client-keys", str(d / "alice.key_secret"),
+                        "--report", str(report), str(app)], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    a = np.arange(64.0 * 64).reshape(64, 64) / 4096
+    assert float(r.stdout) == pytest.approx(float((a @ a).sum()), rel=1e-12)
+    import json
+
+    ops = json.loads(report.read_text())["ops"]
+    assert ops["numpy.matmul"]["worker"] == 1, ops
+
+
+def test_a_network_worker_without_keys_is_reported(tmp_path):
+    rt = fusion_shim.install(policy="auto", worker="tcp://192.0.2.1:5555", quiet=True, ready_timeout=0.2)
+    np.matmul(np.ones((2, 2)), np.ones((2, 2)))  # numpy is imported: the link exists
+    text = "\n".join(e for _, e in rt.ledger.events)
+    assert "without authentication" in text and "FUSION_SHIM_SERVER_KEY" in text, text
 
 
 # -- where a worker may bind ------------------------------------------------------------------------------

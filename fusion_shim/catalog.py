@@ -100,9 +100,53 @@ def out_arg(value: Any, dtype: np.dtype, shape: tuple, need_c: bool = False) -> 
     return value
 
 
-def follow_layout(a: ndarray) -> str:
-    """Element-wise-shaped results: NumPy allocates F order for F-contiguous input, else C."""
-    return "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
+def perm_layout(perm: list[int]) -> Any:
+    """An axis order (slowest to fastest) as a layout: "C", "F", or the order itself."""
+    if perm == sorted(perm):
+        return "C"
+    if perm == sorted(perm, reverse=True):
+        return "F"
+    return perm
+
+
+def follow_layout(a: ndarray) -> Any:
+    """The fft results: NumPy allocates them with ``empty_like(a, shape=...)`` (order 'K'): C for
+    C-contiguous input, F for F-contiguous, else the axes sorted by decreasing |stride|, ties in
+    axis order (NumPy's PyArray_CreateSortedStridePerm)."""
+    if a.ndim <= 1 or a.flags.c_contiguous:
+        return "C"
+    if a.flags.f_contiguous:
+        return "F"
+    return perm_layout(sorted(range(a.ndim), key=lambda i: -abs(a.strides[i])))
+
+
+def gufunc_layout(operands: list[tuple[ndarray, int]], batch: tuple, core_out: int) -> Any:
+    """A generalized ufunc's result (matmul; numpy.linalg's solve, inv, cholesky, eigh, svd):
+    NumPy's iterator orders the loop (batch) axes as the operands' strides suggest (order 'K') and
+    puts the core axes last, in C order. ``operands`` pairs each input with its number of core axes.
+    Only two or more batch axes longer than 1 can give anything but C, so that is all that is probed:
+    the same iterator over views of at most 2 elements per batch axis, with the inputs' strides."""
+    if sum(d > 1 for d in batch) < 2 or all(a.flags.c_contiguous for a, _ in operands):
+        return "C"
+    views = [a[tuple(slice(0, 2) for _ in range(a.ndim - ncore)) + (0,) * ncore] for a, ncore in operands]
+    it = np.nditer(views + [None], flags=["refs_ok", "zerosize_ok"],
+                   op_flags=[["readonly"]] * len(views) + [["writeonly", "allocate"]],
+                   op_dtypes=[v.dtype for v in views] + [np.dtype(bool)], order="K")
+    res = it.operands[-1]
+    perm = sorted(range(res.ndim), key=lambda i: -res.strides[i])
+    return perm_layout(perm + list(range(len(batch), len(batch) + core_out)))
+
+
+def layout_of(res: ndarray) -> Any:
+    """The layout of an array NumPy returned (a probe's): "C", "F" or its axis order."""
+    if res.flags.c_contiguous:
+        return "C"
+    if res.flags.f_contiguous:
+        return "F"
+    perm = sorted(range(res.ndim), key=lambda i: -abs(res.strides[i]))
+    if not res.transpose(perm).flags.c_contiguous:
+        raise Unsupported("NumPy's result would not be a dense array")
+    return perm_layout(perm)
 
 
 def norm_axis(axis: Any, ndim: int, what: str = "axis") -> int:
@@ -165,7 +209,8 @@ def rule_matmul(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     shape = batch + (sa[-2],) * (a.ndim > 1) + (sb[-1],) * (b.ndim > 1)
     out = out_arg(ba.arguments.get("out"), dt, shape)
     flops = 2.0 * math.prod(batch) * sa[-2] * sa[-1] * sb[-1] * cfactor(dt)
-    return Prepared(spec, [a, b], {"cdtype": dt.str}, [(dt, shape)], ["C"], flops, out, scalar_0d=True)
+    layout = gufunc_layout([(a, min(a.ndim, 2)), (b, min(b.ndim, 2))], batch, len(shape) - len(batch))
+    return Prepared(spec, [a, b], {"cdtype": dt.str}, [(dt, shape)], [layout], flops, out, scalar_0d=True)
 
 
 def rule_dot(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
@@ -281,7 +326,7 @@ def rule_einsum(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     shape = tuple(sizes[c] for c in head) + (ell if "..." in rhs else ()) + tuple(sizes[c] for c in tail)
     flops = 2.0 * math.prod(sizes.values()) * math.prod(ell) * cfactor(dt) * (len(arrays) - 1)
     out = out_arg(ba.arguments.get("out"), dt, shape)
-    layout = spec_einsum_layout(subscripts, arrays, len(shape))
+    layout = spec_einsum_layout(subscripts, arrays, len(shape), ba.arguments.get("optimize", False))
     full = subscripts if "->" in subscripts else subscripts + "->" + rhs
     return Prepared(spec, arrays, {"cdtype": dt.str, "subscripts": full}, [(dt, shape)], [layout], flops, out,
                     scalar_0d=True)
@@ -293,28 +338,39 @@ except ImportError:  # pragma: no cover - a NumPy that moved it: results come ba
     _c_einsum = None
 
 
-def spec_einsum_layout(subscripts: str, arrays: list[ndarray], ndim: int) -> Any:
+def _tiny(a: ndarray, core: tuple = ()) -> ndarray:
+    """Zeros of a's dtype and stride order, at most 2 elements per axis (``core`` sets the last axes'
+    lengths): NumPy's layout decisions (order 'K') depend on the order of strides, not the lengths."""
+    tshape = tuple(min(d, 2) for d in a.shape[:a.ndim - len(core)]) + tuple(core)
+    order = sorted(range(a.ndim), key=lambda i: -abs(a.strides[i]) if a.shape[i] > 1 else 0)
+    return np.zeros(tuple(tshape[i] for i in order), a.dtype).transpose(np.argsort(order))
+
+
+def spec_einsum_layout(subscripts: str, arrays: list[ndarray], ndim: int, optimize: Any = False) -> Any:
     """NumPy's einsum lays its output out following its operands (order 'K'). Reproduce that by
-    running NumPy's own einsum on tiny operands with the same stride order (a few microseconds)."""
+    running NumPy's own einsum on tiny operands with the same stride order (a few microseconds).
+    With ``optimize`` NumPy contracts pairwise, through BLAS (tensordot) where it can, along a path
+    chosen from the real sizes, and the layout follows from that path: it is computed here from the
+    real operands (shapes only, as NumPy does) and replayed on the tiny ones."""
     if ndim < 2 or _c_einsum is None:
         return "C"
-    tiny = []
-    for a in arrays:
-        tshape = tuple(min(d, 2) for d in a.shape)
-        order = sorted(range(a.ndim), key=lambda i: -abs(a.strides[i]) if a.shape[i] > 1 else 0)
-        t = np.zeros(tuple(tshape[i] for i in order), a.dtype).transpose(np.argsort(order))
-        tiny.append(t)
+    tiny = [_tiny(a) for a in arrays]
     try:
-        res = _c_einsum(subscripts, *tiny)
+        if optimize is False:
+            res = _c_einsum(subscripts, *tiny)
+        else:
+            from numpy._core.einsumfunc import einsum, einsum_path  # NumPy's own, never the shim's
+
+            path = optimize if isinstance(optimize, list) else einsum_path(subscripts, *arrays,
+                                                                            optimize=optimize)[0]
+            res = einsum(subscripts, *tiny, optimize=path)
     except Exception:
-        return "C"
+        if optimize is False:
+            return "C"
+        raise Unsupported(f"optimize={optimize!r} is not understood") from None
     if not isinstance(res, ndarray) or res.ndim != ndim:
         return "C"
-    if res.flags.c_contiguous:
-        return "C"
-    if res.flags.f_contiguous:
-        return "F"
-    return sorted(range(ndim), key=lambda i: -res.strides[i])
+    return layout_of(res)
 
 
 # --- numpy.linalg --------------------------------------------------------------------------------
@@ -338,13 +394,16 @@ def rule_solve(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
             raise Unsupported("b does not match a")
         shape, k = batch_of(a.shape[:-2], b.shape[:-2]) + b.shape[-2:], b.shape[-1]
     flops = (2 / 3 * n**3 + 2 * n * n * k) * math.prod(shape[:-2] if b.ndim > 1 else a.shape[:-2]) * cfactor(dt)
-    return Prepared(spec, [a, b], {"cdtype": dt.str}, [(dt, shape)], ["C"], flops)
+    core = 1 if b.ndim == 1 else 2
+    layout = gufunc_layout([(a, 2), (b, core)], shape[:-core], core)
+    return Prepared(spec, [a, b], {"cdtype": dt.str}, [(dt, shape)], [layout], flops)
 
 
 def rule_inv(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     a, dt, n = _linalg_one(spec, ba)
     flops = 2.0 * n**3 * math.prod(a.shape[:-2]) * cfactor(dt)
-    return Prepared(spec, [a], {"cdtype": dt.str}, [(dt, a.shape)], ["C"], flops)
+    layout = gufunc_layout([(a, 2)], a.shape[:-2], 2)
+    return Prepared(spec, [a], {"cdtype": dt.str}, [(dt, a.shape)], [layout], flops)
 
 
 def rule_cholesky(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
@@ -353,7 +412,8 @@ def rule_cholesky(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     if not isinstance(upper, (bool, np.bool_)):
         raise Unsupported("upper= is not a bool")
     flops = n**3 / 3 * math.prod(a.shape[:-2]) * cfactor(dt)
-    return Prepared(spec, [a], {"cdtype": dt.str, "upper": bool(upper)}, [(dt, a.shape)], ["C"], flops)
+    layout = gufunc_layout([(a, 2)], a.shape[:-2], 2)
+    return Prepared(spec, [a], {"cdtype": dt.str, "upper": bool(upper)}, [(dt, a.shape)], [layout], flops)
 
 
 def rule_eigh(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
@@ -363,8 +423,9 @@ def rule_eigh(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
         raise Unsupported("UPLO is neither 'L' nor 'U'")
     batch = a.shape[:-2]
     flops = 9.0 * n**3 * math.prod(batch) * cfactor(dt)
+    layouts = [gufunc_layout([(a, 2)], batch, core) for core in (1, 2)]
     return Prepared(spec, [a], {"cdtype": dt.str, "UPLO": uplo},
-                    [(real_of(dt), batch + (n,)), (dt, a.shape)], ["C", "C"], flops, returns="EighResult")
+                    [(real_of(dt), batch + (n,)), (dt, a.shape)], layouts, flops, returns="EighResult")
 
 
 def rule_svd(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
@@ -380,11 +441,12 @@ def rule_svd(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     s = (real_of(dt), batch + (k,))
     flops = (4.0 * m * n * k + 22.0 * k**3 if uv else 4.0 * m * n * k) * math.prod(batch) * cfactor(dt)
     params = {"cdtype": dt.str, "full_matrices": full, "compute_uv": uv}
+    lay1, lay2 = (gufunc_layout([(a, 2)], batch, core) for core in (1, 2))
     if not uv:
-        return Prepared(spec, [a], params, [s], ["C"], flops)
+        return Prepared(spec, [a], params, [s], [lay1], flops)
     u = (dt, batch + (m, m if full else k))
     vh = (dt, batch + (n if full else k, n))
-    return Prepared(spec, [a], params, [u, s, vh], ["C"] * 3, flops, returns="SVDResult")
+    return Prepared(spec, [a], params, [u, s, vh], [lay2, lay1, lay2], flops, returns="SVDResult")
 
 
 def rule_qr(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
@@ -399,11 +461,28 @@ def rule_qr(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     k, batch = min(m, n), a.shape[:-2]
     flops = (4.0 * m * n * k - 4 / 3 * k**3) * math.prod(batch) * cfactor(dt)
     params = {"cdtype": dt.str, "mode": mode}
+    layouts = qr_layouts(a, mode)
     if mode == "r":
-        return Prepared(spec, [a], params, [(dt, batch + (k, n))], ["C"], flops)
+        return Prepared(spec, [a], params, [(dt, batch + (k, n))], layouts, flops)
     mq = m if mode == "complete" else k
-    return Prepared(spec, [a], params, [(dt, batch + (m, mq)), (dt, batch + (mq, n))], ["C", "C"], flops,
+    return Prepared(spec, [a], params, [(dt, batch + (m, mq)), (dt, batch + (mq, n))], layouts, flops,
                     returns="QRResult")
+
+
+def qr_layouts(a: ndarray, mode: str) -> list:
+    """numpy.linalg.qr's R is ``triu`` of a copy of ``a`` kept in a's memory order (order 'K'), Q a
+    gufunc's result: for a stack that is not C-contiguous neither need be C. NumPy's own qr on a
+    stand-in of at most 3 elements per axis, with a's stride order and its rows-to-columns
+    relation, says what they are (tens of microseconds, only for such stacks)."""
+    count = 1 if mode == "r" else 2
+    if a.ndim == 2 or a.flags.c_contiguous:
+        return ["C"] * count
+    from numpy.linalg import _linalg  # numpy.linalg.qr itself may be the shim's wrapper
+
+    m, n = a.shape[-2:]
+    core = (min(m, 3 if m > n else 2), min(n, 3 if n > m else 2))
+    res = _linalg.qr(_tiny(a, core), mode=mode)
+    return [layout_of(r) for r in ((res,) if mode == "r" else res)]
 
 
 # --- numpy.fft -----------------------------------------------------------------------------------
@@ -495,6 +574,11 @@ def rule_fft_2d(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     shape = tuple(shape)
     cdtype = np.dtype("c8" if a.dtype in (np.dtype("f4"), np.dtype("c8")) else "c16")
     out = out_arg(ba.arguments.get("out"), cdtype, shape)
+    if out is not None and spec.attr == "ifft2":
+        raise Unsupported("out= with ifft2: NumPy 2 ignores it and returns a new array")
+    if out is not None and any(a.shape[ax] != size for ax, size in zip(axes[:-1], sizes[:-1])):
+        # NumPy transforms one axis at a time into out: it raises unless only the last axis resizes
+        raise Unsupported("out= with s= resizing an axis but the last: NumPy raises")
     flops = _fft_flops(shape, axes, sizes, real=False)
     params = {"cdtype": cdtype.str, "s": s, "axes": axes, "norm": norm}
     return Prepared(spec, [a], params, [(cdtype, shape)], [follow_layout(a)], flops, out)

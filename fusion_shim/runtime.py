@@ -323,9 +323,13 @@ class Runtime:
         if len(arrays) != len(prep.results):
             raise transport.BadReply(f"{len(arrays)} results, expected {len(prep.results)}")
         for arr, (dtype, shape), layout in zip(arrays, prep.results, prep.layouts):
+            if isinstance(layout, list):  # travels transposed to that axis order (worker.kernels)
+                shape = tuple(shape[i] for i in layout)
             if arr.dtype != dtype or arr.shape != shape:
                 raise transport.BadReply(f"result {arr.dtype}{list(arr.shape)}, expected {dtype}{list(shape)}")
         arrays = [a if a.flags.aligned else a.copy() for a in arrays]
+        arrays = [a.transpose(np.argsort(lay)) if isinstance(lay, list) else a
+                  for a, lay in zip(arrays, prep.layouts)]
         if prep.returns != "array":
             return self._result_type(prep.returns)(*arrays)
         result = arrays[0]

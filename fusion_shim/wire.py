@@ -21,7 +21,8 @@ Per type:
 - ``call``: ``op`` (str, a kernel id from the catalog), ``params`` (map of str to msgpack scalars,
   lists and nil), ``arrays`` (list of array metas, one per buffer frame, in order), ``layouts``
   (list, one per result array: ``"C"``, ``"F"``, or a list giving the axis order from the slowest
-  to the fastest varying axis).
+  to the fastest varying axis; a result asked for in such an order comes back transposed to it, in
+  C order, and the client transposes it back).
 - ``result``: ``arrays`` (array metas of the result buffers), ``timing`` (map of phase name to
   seconds measured on the worker: ``h2d``, ``kernel``, ``d2h``).
 - ``error``: ``kind`` (one of ``ERROR_KINDS``), ``exc`` (the exception type's name), ``msg`` (str).

@@ -129,7 +129,7 @@ class TorchBackend:
     def run(self, kernel: Kernel, arrays: list[np.ndarray], params: dict, layouts: list) -> tuple[list, dict]:
         cdtype = DTYPES[np.dtype(params["cdtype"])]
         t0 = time.perf_counter()
-        tensors = [torch.from_numpy(a).to(self.device).to(cdtype) for a in arrays]
+        tensors = [torch.from_numpy(_aligned(a)).to(self.device).to(cdtype) for a in arrays]
         self.sync()
         t1 = time.perf_counter()
         results = kernel(tensors, params)
@@ -171,11 +171,23 @@ class TorchBackend:
         return rates
 
 
+def _aligned(a: np.ndarray) -> np.ndarray:
+    """A received array is a view on its ZeroMQ frame, whose buffer need not be aligned to the element
+    size; torch's CPU kernels assume it is (a complex128 matrix-vector product on an 8-byte-aligned
+    buffer segfaults the worker): copy those, the only ones, before wrapping them."""
+    return a if a.ctypes.data % a.dtype.itemsize == 0 else a.copy()
+
+
 def _with_layout(t: torch.Tensor, layout: Any) -> torch.Tensor:
+    """The result in the layout the client asked for. C and F travel as such; the wire knows no other
+    order, so a result asked for in an axis order travels transposed to that order, C-contiguous,
+    and the client transposes it back (a view: no copy on either side)."""
     if t.ndim < 2 or layout == "C":
         return t.contiguous()
     perm = list(range(t.ndim))[::-1] if layout == "F" else [int(i) for i in layout]
     if sorted(perm) != list(range(t.ndim)):
         raise ValueError(f"layout {layout!r} is not a permutation of {t.ndim} axes")
+    if layout != "F":
+        return t.permute(perm).contiguous()
     inverse = [perm.index(i) for i in range(t.ndim)]
     return t.permute(perm).contiguous().permute(inverse)

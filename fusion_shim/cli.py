@@ -20,19 +20,21 @@ from typing import Any
 USAGE = """\
 usage: python -m fusion_shim [options] (app.py | -m module) [args...]
        fusion-shim worker --bind URL [--device auto|cpu|cuda:N]
-       fusion-shim report run.json
+       fusion-shim report run.json [--what-if bandwidth=B,rtt=S,speedup=X] [--trace PATH]
 
 options (each also a FUSION_SHIM_* variable):
   --policy auto|local|remote   where calls run (default auto)
   --worker URL                 a running worker (ipc://, tcp://); default: start one in the background
   --device auto|cpu|cuda:N     device of the embedded worker
   --report PATH                write the report as JSON to PATH
+  --trace PATH                 write a Chrome-trace timeline (open it in https://ui.perfetto.dev)
+  --verify FRACTION|all        also compute that share of worker answers here and compare them
   --timeout SECONDS            a remote call not answered by then is computed locally (default 60)
   --ready-timeout SECONDS      how long --policy remote waits for a warming worker (default 120)
   --quiet                      no report table on stderr
   --strict                     raise FallbackError where a call would fall back to local
 """
-RUN_OPTIONS = ("policy", "worker", "device", "report", "timeout", "ready-timeout", "min-flops")
+RUN_OPTIONS = ("policy", "worker", "device", "report", "trace", "verify", "timeout", "ready-timeout", "min-flops")
 RUN_FLAGS = ("quiet", "strict")
 
 
@@ -221,6 +223,8 @@ def worker_main(argv: list[str]) -> int:
     parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--test-delay", type=float, default=0.0,
                         help="TEST ONLY: hold every call this many seconds (fault-injection tests)")
+    parser.add_argument("--test-corrupt", action="store_true",
+                        help="TEST ONLY: return wrong answers (verification tests)")
     opts = parser.parse_args(argv)
     from .config import ConfigError, _device
 
@@ -231,19 +235,35 @@ def worker_main(argv: list[str]) -> int:
     from .worker import Worker, serve
 
     print(f"fusion_shim worker: binding {opts.bind} (device {device})", file=sys.stderr, flush=True)
-    serve(opts.bind, Worker(device, opts.test_delay), parent_pid=opts.parent_pid)
+    if opts.test_corrupt:
+        print("fusion_shim worker: TEST MODE --test-corrupt: every answer is wrong", file=sys.stderr, flush=True)
+    serve(opts.bind, Worker(device, opts.test_delay, opts.test_corrupt), parent_pid=opts.parent_pid)
     return 0
 
 
 def report_main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: fusion-shim report run.json", file=sys.stderr)
-        return 2
-    from .report import render
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="fusion-shim report", description="Render a saved run's report.")
+    parser.add_argument("path", help="a JSON report written with --report")
+    parser.add_argument("--what-if", metavar="KEY=VALUE,...",
+                        help="re-price the run under another link/device (an estimate): bandwidth=B/s, rtt=s, speedup=x")
+    parser.add_argument("--trace", metavar="PATH", help="also write its Chrome-trace timeline to PATH")
+    opts = parser.parse_args(argv)
+    from .report import format_table, load
 
     try:
-        print(render(argv[0]))
-    except (OSError, ValueError) as exc:
+        report = load(opts.path)
+        print(format_table(report))
+        if opts.trace:
+            from .report.trace import write_trace
+
+            write_trace(report, opts.trace)
+        if opts.what_if:
+            from .report.whatif import LinkProfile, format_whatif, reprice
+
+            print(format_whatif(reprice(report, LinkProfile.parse(opts.what_if))))
+    except (OSError, ValueError, KeyError) as exc:
         print(f"fusion-shim report: {exc}", file=sys.stderr)
         return 1
     return 0

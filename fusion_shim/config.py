@@ -61,6 +61,21 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
     return parse
 
 
+def _fraction(name: str, raw: str) -> float:
+    value = raw.strip().lower()
+    if value == "all":
+        return 1.0
+    if value in ("none", "off", ""):
+        return 0.0
+    try:
+        frac = float(value)
+    except ValueError:
+        frac = -1.0
+    if not 0.0 <= frac <= 1.0:
+        raise ConfigError(f"{name}={raw!r} is invalid; valid: a fraction between 0 and 1, all, none")
+    return frac
+
+
 def _device(name: str, raw: str) -> str:
     value = raw.strip().lower()
     if value in ("auto", "cpu", "cuda"):
@@ -96,7 +111,9 @@ class Config:
     timeout: float = 60.0         # seconds a remote call may take before it is computed locally
     ready_timeout: float = 120.0  # seconds policy=remote waits for a warming worker before running locally
     min_flops: float = 2e7        # auto: below this estimated work a call never leaves the process
-    strict: bool = False          # turn every fallback into an error (for CI of user programs)
+    strict: bool = False          # turn every fallback and every mismatch into an error
+    verify: float = 0.0           # fraction of worker answers also computed here and compared
+    trace: str | None = None      # path for a Chrome-trace (Perfetto) timeline of the run
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)
@@ -119,7 +136,7 @@ class Config:
                 continue
             if field not in _PARSERS:
                 raise ConfigError(f"unknown setting {field!r}; valid: {', '.join(_PARSERS)}")
-            if isinstance(value, str) and field not in ("report",):
+            if isinstance(value, str) and field not in ("report", "trace"):
                 value = _PARSERS[field](f"--{field.replace('_', '-')}", value)
             values[field] = value
         return cls(**values)
@@ -145,4 +162,6 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "ready_timeout": _nonneg_float,
     "min_flops": _nonneg_float,
     "strict": _bool,
+    "verify": _fraction,
+    "trace": _text,
 }

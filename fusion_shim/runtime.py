@@ -26,6 +26,7 @@ from . import plan, transport, wire
 from .catalog import OpSpec, Prepared, Unsupported, prepare
 from .config import Config
 from .ledger import Ledger, Record, call_site
+from .verify import compare
 
 MAX_RESTARTS = 2  # an embedded worker that died is restarted this many times, then the run stays local
 
@@ -38,9 +39,16 @@ class WorkerFault(transport.TransportError):
     """The worker answered with an error instead of a result."""
 
 
+class VerificationError(FallbackError):
+    """Strict mode: a checked answer from the worker differed from NumPy's."""
+
+
 @dataclass
 class Done:
+    """The worker's answer; the record is added once it is checked (or not sampled for a check)."""
     value: Any
+    rec: Record
+    prep: Prepared
 
 
 class WorkerLink:
@@ -232,6 +240,8 @@ class Runtime:
         self.link: WorkerLink | None = None
         self.started_wall = time.time()
         self.export_env = False  # set by the launcher: children reuse this process's worker
+        self._verify_debt = 0.0  # sampling: a call is checked each time this reaches 1
+        self.pinned: dict[tuple, str] = {}  # op signature -> call site of the mismatch that pinned it
         self._results: dict[str, type] = {}
 
     def start(self) -> None:
@@ -260,7 +270,8 @@ class Runtime:
 
     def _call(self, spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict) -> Done | Record:
         t0 = time.perf_counter()
-        rec = Record(spec.name, spec.family, site=call_site(4), start_s=t0 - self.ledger.started)
+        rec = Record(spec.name, spec.family, site=call_site(4), start_s=t0 - self.ledger.started,
+                     thread=threading.get_ident())
         try:
             prep = prepare(spec, sig, args, kwargs)
         except Unsupported as exc:
@@ -268,6 +279,10 @@ class Runtime:
             return rec
         rec.shapes = [list(a.shape) for a in prep.arrays]
         rec.dtypes = [a.dtype.str for a in prep.arrays]
+        pinned_at = self.pinned.get(_signature(rec)) if self.pinned else None
+        if pinned_at is not None:
+            rec.kind, rec.reason = "local", f"pinned local: a checked answer differed at {pinned_at}"
+            return rec
         if self.config.policy == "remote" and self.link is not None and not self.link.ready.is_set():
             waited = time.perf_counter()
             self.link.wait_ready(self.config.ready_timeout)
@@ -290,8 +305,60 @@ class Runtime:
         rec.kind = "worker"
         rec.wall_s = time.perf_counter() - t0
         self.profile.learn(spec.family, "worker", decision.remote_s, rec.wall_s)
+        return Done(value, rec, prep)
+
+    # -- after the worker answered -----------------------------------------------------------------
+    def remote_done(self, done: Done, original: Any, sig: inspect.Signature, args: tuple, kwargs: dict) -> Any:
+        """Record the call; when it is sampled for a check, compute it locally too and compare. The
+        check's time is its own phase, outside the call's wall time and the production totals."""
+        rec = done.rec
+        if not self._sampled():
+            self.ledger.add(rec)
+            return done.value
+        t = time.perf_counter()
+        bound = sig.bind(*args, **kwargs)
+        if "out" in bound.arguments:
+            bound.arguments["out"] = None  # the check must not write into the program's array again
+        self.guard.busy = True
+        try:
+            want = original(*bound.args, **bound.kwargs)
+        except Exception as exc:  # NumPy refuses what the worker computed: NumPy's answer stands
+            rec.verify, rec.phases["verify"] = f"mismatch: NumPy raised {type(exc).__name__}", time.perf_counter() - t
+            self._pin(rec)
+            raise
+        finally:
+            self.guard.busy = False
+        problem = compare(rec.op, done.prep.out if done.prep.out is not None else done.value, want, done.prep.arrays)
+        rec.phases["verify"] = time.perf_counter() - t
+        rec.local_measured_s = rec.phases["verify"]
+        if problem is None:
+            rec.verify = "ok"
+            self.ledger.add(rec)
+            return done.value
+        rec.verify = f"mismatch: {problem}"
+        self._pin(rec)
+        if self.config.strict:
+            raise VerificationError(f"{rec.op} at {rec.site}: the worker's answer differed from NumPy's: {problem}")
+        if done.prep.out is not None:
+            np.copyto(done.prep.out, want)
+            return done.prep.out
+        return want
+
+    def _sampled(self) -> bool:
+        fraction = self.config.verify
+        if fraction <= 0:
+            return False
+        self._verify_debt += fraction
+        if self._verify_debt >= 1.0 - 1e-12:
+            self._verify_debt -= 1.0
+            return True
+        return False
+
+    def _pin(self, rec: Record) -> None:
+        self.pinned[_signature(rec)] = rec.site
         self.ledger.add(rec)
-        return Done(value)
+        self.ledger.event(f"{rec.op} {rec.dtypes} pinned local: the worker's answer at {rec.site} differed "
+                          f"from NumPy's ({rec.verify})")
 
     def _remote(self, prep: Prepared, rec: Record) -> Any:
         link = self.link
@@ -303,18 +370,21 @@ class Runtime:
         t1 = time.perf_counter()
         header, arrays = chan.request(rid, frames, time.monotonic() + self.config.timeout, link.alive)
         t2 = time.perf_counter()
-        rec.bytes_sent = sum(_nbytes(f) for f in frames)
+        rec.bytes_sent, rec.bytes_received = chan.last_bytes_sent, chan.last_bytes_received
         if header["t"] == "error":
             raise WorkerFault(f"worker raised {header.get('exc')} ({header.get('kind')}): {header.get('msg')}"[:300])
         if header["t"] != "result":
             raise transport.BadReply(f"a call answered with {header['t']!r}")
-        rec.bytes_received = sum(a.nbytes for a in arrays)
         value = self._assemble(prep, arrays)
         t3 = time.perf_counter()
         timing = header.get("timing") if isinstance(header.get("timing"), dict) else {}
         worker_s = {k: float(v) for k, v in timing.items() if k in ("h2d", "kernel", "d2h") and isinstance(v, (int, float))}
         rec.phases.update(worker_s)
-        rec.phases.update(encode=t1 - t0, transfer=max(t2 - t1 - sum(worker_s.values()), 0.0), decode=t3 - t2)
+        # the worker may start before send() returns (zero-copy sends overlap), so send and transfer
+        # share what the round trip leaves after the worker's own time: phases never exceed the wall
+        on_link = max(t2 - t1 - sum(worker_s.values()), 0.0)
+        send = min(chan.last_send_s, on_link)
+        rec.phases.update(encode=t1 - t0, send=send, transfer=on_link - send, decode=t3 - t2)
         self.profile.learn_link(rec.bytes_sent + rec.bytes_received, rec.phases["transfer"])
         return value
 
@@ -364,5 +434,6 @@ class Runtime:
             self.link.stop()
 
 
-def _nbytes(frame: Any) -> int:
-    return frame.nbytes if hasattr(frame, "nbytes") else len(frame)
+def _signature(rec: Record) -> tuple:
+    """What a verification mismatch pins to local: the op with these dtypes and ranks."""
+    return rec.op, tuple(rec.dtypes), tuple(len(s) for s in rec.shapes)

@@ -7,8 +7,8 @@ The header is a msgpack map:
 
 =========  ==================================================================================
 ``v``      int, the wire version (``VERSION``). Any other version is answered with an error.
-``t``      str, the message type. Client to worker: ``hello``, ``call``.
-           Worker to client: ``ready``, ``result``, ``error``.
+``t``      str, the message type. Client to worker: ``hello``, ``call``, ``stats``.
+           Worker to client: ``ready``, ``result``, ``error``, ``stats``.
 ``id``     int >= 0, the request id. A reply carries the id of its request; replies are matched
            by id, never by order, so a late reply to an abandoned request is recognised and dropped.
 =========  ==================================================================================
@@ -25,6 +25,8 @@ Per type:
   C order, and the client transposes it back).
 - ``result``: ``arrays`` (array metas of the result buffers), ``timing`` (map of phase name to
   seconds measured on the worker: ``h2d``, ``kernel``, ``d2h``).
+- ``stats``: asked with nothing more; answered with ``calls``, ``bytes_in``, ``bytes_out``: the
+  call messages the worker has answered and their bytes as counted at its socket (headers included).
 - ``error``: ``kind`` (one of ``ERROR_KINDS``), ``exc`` (the exception type's name), ``msg`` (str).
 
 An array meta is a map ``{"dtype": str, "shape": [int, ...], "order": "C" | "F"}``. ``dtype`` is a
@@ -52,7 +54,7 @@ VERSION = 1
 ZERO_COPY_MIN = 64 * 1024
 MAX_HEADER = 1 << 20
 MAX_NDIM = 32
-MESSAGE_TYPES = ("hello", "ready", "call", "result", "error")
+MESSAGE_TYPES = ("hello", "ready", "call", "result", "error", "stats")
 ERROR_KINDS = ("bad_request", "version", "unknown_op", "kernel_error", "out_of_memory")
 DTYPES = frozenset(
     np.dtype(t).str

@@ -73,7 +73,7 @@ def _fresh(shim):
     """Each test starts with an empty ledger and a ready worker, as with a fresh install."""
     assert fusion_shim.active() is shim, "another install replaced this module's shim"
     assert shim.link.wait_ready(30), f"worker not ready: {shim.ledger.events[-3:]}"
-    shim.ledger.records.clear()
+    shim.ledger.clear()
     yield
 
 

@@ -165,7 +165,7 @@ def _make_wrapper(spec: "OpSpec", sig: Any, rt: "Runtime") -> Callable:
         if got is None:
             return wrapped(*args, **kwargs)
         if got.__class__ is not Record:
-            return got.value
+            return rt.remote_done(got, wrapped, sig, args, kwargs)
         # computed here, in this frame, so NumPy's own errors reach the program unchanged
         t = time.perf_counter()
         try:

@@ -73,12 +73,17 @@ def context() -> zmq.Context:
         return _ctx[1]
 
 
-def send_frames(sock: zmq.Socket, frames: Sequence[Any], prefix: Sequence[bytes] = ()) -> None:
+def frame_bytes(frame: Any) -> int:
+    return frame.nbytes if hasattr(frame, "nbytes") else len(frame)
+
+
+def send_frames(sock: zmq.Socket, frames: Sequence[Any], prefix: Sequence[bytes] = ()) -> int:
+    """Send a multipart message; returns the bytes of ``frames`` (the prefix is routing, not payload)."""
     parts = [*prefix, *frames]
     last = len(parts) - 1
     for i, part in enumerate(parts):
-        nbytes = part.nbytes if hasattr(part, "nbytes") else len(part)
-        sock.send(part, zmq.SNDMORE if i < last else 0, copy=nbytes < wire.ZERO_COPY_MIN)
+        sock.send(part, zmq.SNDMORE if i < last else 0, copy=frame_bytes(part) < wire.ZERO_COPY_MIN)
+    return sum(frame_bytes(f) for f in frames)
 
 
 class Channel:
@@ -91,6 +96,10 @@ class Channel:
         self.sock = context().socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(url)
+        # what the last request() put on and took off this socket, counted at the socket (issue 7)
+        self.last_send_s = 0.0
+        self.last_bytes_sent = 0
+        self.last_bytes_received = 0
 
     def request(
         self,
@@ -100,10 +109,13 @@ class Channel:
         alive: Callable[[], bool] | None = None,
     ) -> tuple[dict, list]:
         """Send ``frames`` and return the decoded reply with id ``rid``; raise TransportError."""
+        t = time.perf_counter()
         try:
-            send_frames(self.sock, frames)
+            self.last_bytes_sent = send_frames(self.sock, frames)
         except zmq.ZMQError as exc:
             raise TransportError(f"send failed: {exc}") from None
+        self.last_send_s = time.perf_counter() - t
+        self.last_bytes_received = 0
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -113,6 +125,7 @@ class Channel:
                     raise WorkerDied(f"worker at {self.url} exited")
                 continue
             reply = self.sock.recv_multipart(copy=False)
+            self.last_bytes_received += sum(frame_bytes(f) for f in reply)
             try:
                 header, arrays = wire.decode(reply)
             except wire.WireError as exc:

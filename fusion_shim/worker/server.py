@@ -21,30 +21,37 @@ MAX_MESSAGE_BYTES = 1 << 36
 
 
 class Worker:
-    def __init__(self, device: str = "auto", test_delay: float = 0.0):
+    def __init__(self, device: str = "auto", test_delay: float = 0.0, test_corrupt: bool = False):
         from .kernels import KERNELS, TorchBackend  # torch only here, on the worker side
 
         self.kernels = KERNELS
         self.backend = TorchBackend(device)
         self.test_delay = test_delay  # test-only: hold every call this long, to kill it mid-call
+        self.test_corrupt = test_corrupt  # test-only: return wrong answers, for verification tests
+        self.traffic = {"calls": 0, "bytes_in": 0, "bytes_out": 0}  # call messages, counted at the socket
         self.info: dict[str, Any] = {}
+        self.last_was_call = False
 
     def warm(self) -> None:
         import torch
 
         bench = self.backend.warm()
         self.info = {"pid": os.getpid(), "device": str(self.backend.device), "torch": torch.__version__,
-                     "bench": bench, "test_delay": self.test_delay}
+                     "bench": bench, "test_delay": self.test_delay, "test_corrupt": self.test_corrupt}
 
     def handle(self, frames: list) -> list:
         """One request in, one reply out; never raises."""
         rid = 0
+        self.last_was_call = False
         try:
             header, arrays = wire.decode(frames, max_bytes=MAX_MESSAGE_BYTES)
             rid = header["id"]
             kind = header["t"]
+            self.last_was_call = kind == "call"
             if kind == "hello":
                 return wire.encode({"t": "ready", "id": rid, **self.info})
+            if kind == "stats":
+                return wire.encode({"t": "stats", "id": rid, **self.traffic})
             if kind != "call":
                 return _error(rid, "bad_request", "WireError", f"a worker does not accept {kind!r}")
             return self._call(rid, header, arrays)
@@ -66,10 +73,21 @@ class Worker:
             time.sleep(self.test_delay)
         try:
             results, timing = self.backend.run(kernel, arrays, params, layouts)
+            if self.test_corrupt:
+                results = [_corrupt(r) for r in results]
         except Exception as exc:
             oom = "out of memory" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError"
             return _error(rid, "out_of_memory" if oom else "kernel_error", type(exc).__name__, str(exc)[:2000])
         return wire.encode({"t": "result", "id": rid, "timing": timing}, results)
+
+
+def _corrupt(a: Any) -> Any:
+    """TEST ONLY (--test-corrupt): a wrong answer of the right type, one element off."""
+    a = a.copy()
+    if a.size:
+        flat = a.reshape(-1)
+        flat[0] = flat[0] + (1 if a.dtype.kind in "biu" else 1e-3 * (abs(flat[0]) + 1))
+    return a
 
 
 def _error(rid: int, kind: str, exc: str, msg: str) -> list:
@@ -98,7 +116,11 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None,
                 continue  # no routing identity: nothing to answer to
             reply = worker.handle(frames[1:])
             try:
-                send_frames(sock, reply, prefix=[frames[0].bytes])
+                sent = send_frames(sock, reply, prefix=[frames[0].bytes])
+                if worker.last_was_call:
+                    worker.traffic["calls"] += 1
+                    worker.traffic["bytes_in"] += sum(f.nbytes if hasattr(f, "nbytes") else len(f) for f in frames[1:])
+                    worker.traffic["bytes_out"] += sent
             except zmq.ZMQError as exc:  # the client vanished between request and reply
                 print(f"fusion_shim worker: reply not sent: {exc}", file=sys.stderr)
     finally:
@@ -115,10 +137,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def serve_in_thread(url: str, device: str = "auto", test_delay: float = 0.0) -> tuple[threading.Thread, threading.Event]:
+def serve_in_thread(url: str, device: str = "auto", test_delay: float = 0.0,
+                    test_corrupt: bool = False) -> tuple[threading.Thread, threading.Event]:
     """An in-process worker (``inproc://`` URLs): for tests and debugging, no socket involved."""
     stop = threading.Event()
-    worker = Worker(device, test_delay)
+    worker = Worker(device, test_delay, test_corrupt)
     thread = threading.Thread(target=serve, args=(url, worker), kwargs={"stop": stop},
                               name="fusion-shim-worker", daemon=True)
     thread.start()

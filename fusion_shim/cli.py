@@ -223,6 +223,9 @@ def worker_main(argv: list[str]) -> int:
     parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--test-delay", type=float, default=0.0,
                         help="TEST ONLY: hold every call this many seconds (fault-injection tests)")
+    parser.add_argument("--memory-budget", type=_size, default=None,
+                        help="bytes the resident store may hold (e.g. 2G, 512M); default: half the GPU, "
+                             "or a quarter of RAM up to 8G on the CPU")
     parser.add_argument("--test-corrupt", action="store_true",
                         help="TEST ONLY: return wrong answers (verification tests)")
     opts = parser.parse_args(argv)
@@ -237,8 +240,24 @@ def worker_main(argv: list[str]) -> int:
     print(f"fusion_shim worker: binding {opts.bind} (device {device})", file=sys.stderr, flush=True)
     if opts.test_corrupt:
         print("fusion_shim worker: TEST MODE --test-corrupt: every answer is wrong", file=sys.stderr, flush=True)
-    serve(opts.bind, Worker(device, opts.test_delay, opts.test_corrupt), parent_pid=opts.parent_pid)
+    serve(opts.bind, Worker(device, opts.test_delay, opts.test_corrupt, opts.memory_budget),
+          parent_pid=opts.parent_pid)
     return 0
+
+
+def _size(text: str) -> int:
+    """``123``, ``512K``, ``64M``, ``2G`` (powers of 1024)."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    scale = units.get(t[-1:], 1)
+    number = t[:-1] if t[-1:] in units else t
+    try:
+        value = int(float(number) * scale)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size; valid: a number of bytes, or with K, M, G, T") from None
+    if value < 0:
+        raise ValueError("a size must be >= 0")
+    return value
 
 
 def report_main(argv: list[str]) -> int:

@@ -114,6 +114,7 @@ class Config:
     strict: bool = False          # turn every fallback and every mismatch into an error
     verify: float = 0.0           # fraction of worker answers also computed here and compared
     trace: str | None = None      # path for a Chrome-trace (Perfetto) timeline of the run
+    residency: bool = True        # keep inputs and results on the worker, send references (issue 6)
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)
@@ -164,4 +165,5 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "strict": _bool,
     "verify": _fraction,
     "trace": _text,
+    "residency": _bool,
 }

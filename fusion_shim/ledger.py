@@ -17,7 +17,7 @@ MAX_RECORDS = 10_000  # full records kept in all
 MAX_PER_SITE = 200    # ... and per call site; past it a site is only aggregated (long loops)
 # Production phases in the order a call goes through them. "verify" (a check's local recompute) is
 # kept apart: it is reported on its own line, never inside these (issue 7).
-PHASES = ("wait_ready", "encode", "send", "transfer", "h2d", "kernel", "d2h", "decode", "local")
+PHASES = ("wait_ready", "fingerprint", "encode", "send", "transfer", "h2d", "kernel", "d2h", "decode", "local")
 
 
 @dataclass
@@ -40,6 +40,10 @@ class Record:
     thread: int = 0               # threading.get_ident() of the calling thread (trace tracks)
     verify: str | None = None     # "ok" or "mismatch: ..." when the call was checked (issue 7)
     local_measured_s: float | None = None  # NumPy's own time for this call, when a check measured it
+    resident_hits: int = 0        # inputs sent by reference: the worker held them (issue 6)
+    bytes_saved: int = 0          # ... and their bytes, which did not travel
+    resends: int = 0              # references the worker no longer held, resent by value
+    evictions: int = 0            # entries the worker dropped from its store during this call
 
 
 def call_site(depth: int = 2) -> str:
@@ -106,6 +110,10 @@ class Ledger:
             agg["wall_s"] += rec.wall_s
             for phase, seconds in rec.phases.items():
                 agg["phases"][phase] = agg["phases"].get(phase, 0.0) + seconds
+            agg["resident_hits"] += rec.resident_hits
+            agg["bytes_saved"] += rec.bytes_saved
+            agg["resends"] += rec.resends
+            agg["evictions"] += rec.evictions
             if rec.verify is not None:
                 agg["verified"] += 1
                 agg["mismatches"] += rec.verify != "ok"
@@ -142,5 +150,6 @@ class Ledger:
 
 def _new_op() -> dict[str, Any]:
     return {"family": "", "calls": 0, "worker": 0, "local": 0, "unsupported": 0, "fallback": 0,
-            "below_floor": 0, "verified": 0, "mismatches": 0, "bytes_sent": 0, "bytes_received": 0, "wall_s": 0.0,
+            "below_floor": 0, "verified": 0, "mismatches": 0,
+            "resident_hits": 0, "bytes_saved": 0, "resends": 0, "evictions": 0, "bytes_sent": 0, "bytes_received": 0, "wall_s": 0.0,
             "phases": {}, "reasons": Counter()}

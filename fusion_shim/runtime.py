@@ -26,6 +26,7 @@ from . import plan, transport, wire
 from .catalog import OpSpec, Prepared, Unsupported, prepare
 from .config import Config
 from .ledger import Ledger, Record, call_site
+from .residency import Mirror, fingerprint, worth_keeping
 from .verify import compare
 
 MAX_RESTARTS = 2  # an embedded worker that died is restarted this many times, then the run stays local
@@ -67,6 +68,7 @@ class WorkerLink:
         self.state = "starting"
         self.ready = threading.Event()
         self.info: dict[str, Any] = {}
+        self.mirror = Mirror()  # what this worker is believed to hold (issue 6): a hint
         self.restarts = 0
         self.ready_after_s: float | None = None
         self._local = threading.local()
@@ -114,7 +116,10 @@ class WorkerLink:
                                      t + self.config.ready_timeout, self.alive)
             if header["t"] != "ready":
                 raise transport.BadReply(f"hello answered with {header['t']!r}")
-            self.info = {k: header.get(k) for k in ("pid", "device", "torch", "bench")}
+            info = {k: header.get(k) for k in ("pid", "device", "torch", "bench", "memory_budget")}
+            if info.get("pid") != self.info.get("pid"):
+                self.mirror.clear()  # a new worker process holds nothing yet
+            self.info = info
             rtt = min(self._ping(chan) for _ in range(5))
             if not self.profile.calibrated:
                 self.guard.busy = True  # the probes call NumPy: they must not be intercepted
@@ -287,8 +292,20 @@ class Runtime:
             waited = time.perf_counter()
             self.link.wait_ready(self.config.ready_timeout)
             rec.phases["wait_ready"] = time.perf_counter() - waited
-        decision = plan.decide(self.config.policy, spec.family, prep.flops, prep.bytes_in, prep.bytes_out,
-                               self.worker_state(), self.profile, self.config.min_flops)
+        price = lambda bytes_in: plan.decide(self.config.policy, spec.family, prep.flops, bytes_in, prep.bytes_out,
+                                             self.worker_state(), self.profile, self.config.min_flops)
+        decision = price(prep.bytes_in)
+        wired = None
+        # Residency (issue 6): fingerprint only a remote candidate: a call that goes to the worker, or
+        # one that would if its inputs were already there. The decision then prices only the bytes
+        # the worker does not hold.
+        if self.config.residency and self.link is not None and (
+                decision.where == "worker" or (decision.local_s is not None and price(0).where == "worker")):
+            t = time.perf_counter()
+            wired = _Wired(prep.arrays, self.link.mirror)
+            rec.phases["fingerprint"] = time.perf_counter() - t
+            if wired.resident_bytes:
+                decision = price(prep.bytes_in - wired.resident_bytes)
         rec.reason = decision.reason
         rec.predicted_local_s, rec.predicted_remote_s = decision.local_s, decision.remote_s
         if decision.where == "local":
@@ -296,7 +313,7 @@ class Runtime:
             rec.kind = "fallback" if self.config.policy == "remote" else "local"
             return rec
         try:
-            value = self._remote(prep, rec)
+            value = self._remote(prep, rec, wired)
         except transport.TransportError as exc:
             if not isinstance(exc, WorkerFault):  # an error reply is about this call, not the worker
                 self.link.fault(exc)
@@ -360,29 +377,60 @@ class Runtime:
         self.ledger.event(f"{rec.op} {rec.dtypes} pinned local: the worker's answer at {rec.site} differed "
                           f"from NumPy's ({rec.verify})")
 
-    def _remote(self, prep: Prepared, rec: Record) -> Any:
+    def _remote(self, prep: Prepared, rec: Record, wired: "_Wired | None") -> Any:
         link = self.link
         chan = link.channel()
-        rid = link.next_id()
         t0 = time.perf_counter()
-        frames = wire.encode({"t": "call", "id": rid, "op": prep.spec.kernel_id, "params": prep.params,
-                              "layouts": prep.layouts}, prep.arrays)
+        header = {"t": "call", "op": prep.spec.kernel_id, "params": prep.params, "layouts": prep.layouts}
+        if wired is None:
+            header["id"] = rid = link.next_id()
+            frames = wire.encode(header, prep.arrays)
+        else:
+            header.update(id=(rid := link.next_id()), keep=True)
+            frames = wire.encode_wired(header, wired.items, wired.fps, wired.refs)
         t1 = time.perf_counter()
-        header, arrays = chan.request(rid, frames, time.monotonic() + self.config.timeout, link.alive)
+        reply, arrays = chan.request(rid, frames, time.monotonic() + self.config.timeout, link.alive)
+        if reply["t"] == "error" and reply.get("kind") == "missing" and wired is not None and wired.refs:
+            # the mirror was stale (an eviction it did not hear of, another client): resend by value, once
+            link.mirror.discard(reply.get("missing") or ())
+            rec.resends += len(wired.refs)
+            header["id"] = rid = link.next_id()
+            sent_before = chan.last_bytes_sent
+            frames = wire.encode_wired(header, wired.items, wired.fps, ())
+            reply, arrays = chan.request(rid, frames, time.monotonic() + self.config.timeout, link.alive)
+            chan.last_bytes_sent += sent_before
+            wired.refs = []
         t2 = time.perf_counter()
         rec.bytes_sent, rec.bytes_received = chan.last_bytes_sent, chan.last_bytes_received
-        if header["t"] == "error":
-            raise WorkerFault(f"worker raised {header.get('exc')} ({header.get('kind')}): {header.get('msg')}"[:300])
-        if header["t"] != "result":
-            raise transport.BadReply(f"a call answered with {header['t']!r}")
+        if reply["t"] == "error":
+            raise WorkerFault(f"worker raised {reply.get('exc')} ({reply.get('kind')}): {reply.get('msg')}"[:300])
+        if reply["t"] != "result":
+            raise transport.BadReply(f"a call answered with {reply['t']!r}")
         value = self._assemble(prep, arrays)
+        if wired is not None:
+            rec.resident_hits = len(wired.refs)
+            rec.bytes_saved = sum(wired.sizes[i] for i in wired.refs)
+            evicted = reply.get("evicted") or ()
+            rec.evictions = len(evicted)
+            link.mirror.discard(evicted)
+            kept = set(reply.get("kept") or ())  # the worker says which inputs it kept
+            for i, fp in enumerate(wired.fps):
+                if fp in kept:
+                    link.mirror.add(fp, wired.sizes[i])
+            for meta, arr in zip(reply.get("arrays", ()), arrays):
+                if isinstance(meta, dict) and meta.get("fp"):
+                    link.mirror.add(meta["fp"], arr.nbytes)
         t3 = time.perf_counter()
-        timing = header.get("timing") if isinstance(header.get("timing"), dict) else {}
-        worker_s = {k: float(v) for k, v in timing.items() if k in ("h2d", "kernel", "d2h") and isinstance(v, (int, float))}
+        timing = reply.get("timing") if isinstance(reply.get("timing"), dict) else {}
+        worker_s = {k: float(v) for k, v in timing.items()
+                    if k in ("h2d", "kernel", "d2h", "fingerprint") and isinstance(v, (int, float))}
+        worker_fp = worker_s.pop("fingerprint", 0.0)
         rec.phases.update(worker_s)
+        if worker_fp:
+            rec.phases["fingerprint"] = rec.phases.get("fingerprint", 0.0) + worker_fp
         # the worker may start before send() returns (zero-copy sends overlap), so send and transfer
         # share what the round trip leaves after the worker's own time: phases never exceed the wall
-        on_link = max(t2 - t1 - sum(worker_s.values()), 0.0)
+        on_link = max(t2 - t1 - sum(worker_s.values()) - worker_fp, 0.0)
         send = min(chan.last_send_s, on_link)
         rec.phases.update(encode=t1 - t0, send=send, transfer=on_link - send, decode=t3 - t2)
         self.profile.learn_link(rec.bytes_sent + rec.bytes_received, rec.phases["transfer"])
@@ -432,6 +480,24 @@ class Runtime:
     def shutdown(self) -> None:
         if self.link is not None:
             self.link.stop()
+
+
+class _Wired:
+    """A call's inputs laid out for the wire, with fingerprints for those worth keeping and the
+    indices the worker is believed to hold (sent as references)."""
+
+    def __init__(self, arrays: list, mirror: Mirror):
+        self.items, self.fps, self.refs = [], [], []
+        self.sizes = [a.nbytes for a in arrays]
+        self.resident_bytes = 0
+        for i, arr in enumerate(arrays):
+            meta, buf = wire.to_wire(arr)
+            self.items.append((meta, buf))
+            fp = fingerprint(meta, buf) if worth_keeping(arr) else None
+            self.fps.append(fp)
+            if fp is not None and fp in mirror:
+                self.refs.append(i)
+                self.resident_bytes += arr.nbytes
 
 
 def _signature(rec: Record) -> tuple:

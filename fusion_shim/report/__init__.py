@@ -12,7 +12,8 @@ JSON schema ``fusion_shim.report/1`` (a map):
   ``unsupported`` (arguments the row cannot offload), ``fallback`` (meant for the worker, computed
   here after a fault or while it was not ready), ``below_floor`` (kept local by the size floor,
   counted only), ``verified`` and ``mismatches`` (checked answers), ``bytes_sent`` and
-  ``bytes_received`` (counted at the socket, headers included), ``wall_s``, ``phases`` (seconds per
+  ``bytes_received`` (counted at the socket, headers included), ``resident_hits``, ``bytes_saved``,
+  ``resends``, ``evictions`` (residency), ``wall_s``, ``phases`` (seconds per
   phase, see ``ledger.PHASES``; ``verify`` is the checks' own time, outside ``wall_s``), ``reasons``;
 - ``sites``: per call site (``file:line``): ``op``, ``calls``, ``wall_s``, ``worker``, ``verify_s``;
 - ``summary``: what the table shows, computed (see :func:`summarize`);
@@ -32,7 +33,7 @@ from typing import Any, TextIO
 from ..ledger import PHASES
 
 SCHEMA = "fusion_shim.report/1"
-WORKER_PHASES = ("encode", "send", "transfer", "h2d", "kernel", "d2h", "decode")
+WORKER_PHASES = ("fingerprint", "encode", "send", "transfer", "h2d", "kernel", "d2h", "decode")
 
 
 def build(rt: Any, ledger: Any = None) -> dict[str, Any]:
@@ -81,6 +82,8 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "time_by_phase_s": by_phase,
         "calls": {k: sum(o[k] for o in ops.values())
                   for k in ("worker", "local", "unsupported", "fallback", "below_floor", "verified", "mismatches")},
+        "residency": {k: sum(o.get(k, 0) for o in ops.values())
+                      for k in ("resident_hits", "bytes_saved", "resends", "evictions")},
         "bytes_sent": sum(o["bytes_sent"] for o in ops.values()),
         "bytes_received": sum(o["bytes_received"] for o in ops.values()),
         "vs_all_local": {
@@ -165,6 +168,11 @@ def format_table(report: dict[str, Any]) -> str:
                  f"({c['local'] + c['unsupported'] + c['fallback']} calls, {c['below_floor']} more below the floor)")
     lines.append(f"  waiting for a cold worker: {_ms(sm['time_waiting_for_cold_worker_s'])}")
     lines.append(f"  bytes moved: sent {_mb(sm['bytes_sent'])}, received {_mb(sm['bytes_received'])}")
+    res = sm.get("residency") or {}
+    if res.get("resident_hits") or res.get("resends") or res.get("evictions"):
+        lines.append(f"  resident on the worker: {res['resident_hits']} inputs sent by reference "
+                     f"({_mb(res['bytes_saved'])} not moved), {res['resends']} resent, "
+                     f"{res['evictions']} evicted")
     if checks:
         lines.append(f"  checked: {c['verified']} answers ({c['mismatches']} mismatches), "
                      f"{_ms(sm['time_checking_s'])} of local recompute kept out of the totals above")

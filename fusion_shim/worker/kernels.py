@@ -126,21 +126,21 @@ class TorchBackend:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def run(self, kernel: Kernel, arrays: list[np.ndarray], params: dict, layouts: list) -> tuple[list, dict]:
+    def to_device(self, a: np.ndarray) -> torch.Tensor:
+        """An input on the device, in its own dtype (the resident store keeps it so)."""
+        return torch.from_numpy(_aligned(a)).to(self.device)
+
+    def run(self, kernel: Kernel, tensors: list, params: dict, layouts: list) -> list:
+        """Device results in the layouts the client asked for; inputs cast to the compute dtype."""
         cdtype = DTYPES[np.dtype(params["cdtype"])]
-        t0 = time.perf_counter()
-        tensors = [torch.from_numpy(_aligned(a)).to(self.device).to(cdtype) for a in arrays]
-        self.sync()
-        t1 = time.perf_counter()
-        results = kernel(tensors, params)
+        results = kernel([t.to(cdtype) for t in tensors], params)
         if len(results) != len(layouts):
             raise ValueError(f"kernel made {len(results)} results, the call asked for {len(layouts)} layouts")
-        results = [_with_layout(r.resolve_conj().resolve_neg(), lay) for r, lay in zip(results, layouts)]
-        self.sync()
-        t2 = time.perf_counter()
-        out = [r.cpu().numpy() for r in results]
-        t3 = time.perf_counter()
-        return out, {"h2d": t1 - t0, "kernel": t2 - t1, "d2h": t3 - t2}
+        return [_with_layout(r.resolve_conj().resolve_neg(), lay) for r, lay in zip(results, layouts)]
+
+    @staticmethod
+    def to_host(results: list) -> list[np.ndarray]:
+        return [r.cpu().numpy() for r in results]
 
     def warm(self) -> dict[str, float]:
         """A first kernel per dtype, then the planner's three probes (fusion_shim.plan.calibrate_local)

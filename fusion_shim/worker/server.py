@@ -15,13 +15,16 @@ from typing import Any
 import zmq
 
 from .. import wire
+from ..residency import RESIDENT_MIN, fingerprint
 from ..transport import context, is_loopback, send_frames
+from .store import ResidentStore, default_budget
 
 MAX_MESSAGE_BYTES = 1 << 36
 
 
 class Worker:
-    def __init__(self, device: str = "auto", test_delay: float = 0.0, test_corrupt: bool = False):
+    def __init__(self, device: str = "auto", test_delay: float = 0.0, test_corrupt: bool = False,
+                 memory_budget: int | None = None):
         from .kernels import KERNELS, TorchBackend  # torch only here, on the worker side
 
         self.kernels = KERNELS
@@ -31,13 +34,15 @@ class Worker:
         self.traffic = {"calls": 0, "bytes_in": 0, "bytes_out": 0}  # call messages, counted at the socket
         self.info: dict[str, Any] = {}
         self.last_was_call = False
+        self.store = ResidentStore(memory_budget if memory_budget is not None else default_budget(self.backend.device))
 
     def warm(self) -> None:
         import torch
 
         bench = self.backend.warm()
         self.info = {"pid": os.getpid(), "device": str(self.backend.device), "torch": torch.__version__,
-                     "bench": bench, "test_delay": self.test_delay, "test_corrupt": self.test_corrupt}
+                     "bench": bench, "test_delay": self.test_delay, "test_corrupt": self.test_corrupt,
+                     "memory_budget": self.store.budget}
 
     def handle(self, frames: list) -> list:
         """One request in, one reply out; never raises."""
@@ -51,7 +56,7 @@ class Worker:
             if kind == "hello":
                 return wire.encode({"t": "ready", "id": rid, **self.info})
             if kind == "stats":
-                return wire.encode({"t": "stats", "id": rid, **self.traffic})
+                return wire.encode({"t": "stats", "id": rid, **self.traffic, **self.store.stats()})
             if kind != "call":
                 return _error(rid, "bad_request", "WireError", f"a worker does not accept {kind!r}")
             return self._call(rid, header, arrays)
@@ -71,14 +76,59 @@ class Worker:
             return _error(rid, "bad_request", "WireError", f"cdtype {params['cdtype']!r} is not accepted")
         if self.test_delay:
             time.sleep(self.test_delay)
+        metas = header["arrays"]
         try:
-            results, timing = self.backend.run(kernel, arrays, params, layouts)
+            t0 = time.perf_counter()
+            tensors, missing = [], []
+            for a in arrays:
+                if isinstance(a, wire.Ref):
+                    t = self.store.get(a.fp, {"dtype": a.dtype.str, "shape": list(a.shape), "order": a.order})
+                    if t is None:
+                        missing.append(a.fp)
+                    tensors.append(t)
+                else:
+                    tensors.append(self.backend.to_device(a))
+            if missing:
+                return _error(rid, "missing", "KeyError", f"{len(missing)} inputs are not held here", missing=missing)
+            held = {m["fp"] for m in metas if "fp" in m}  # this call's inputs: never evicted by it
+            evicted = []
+            for meta, a, t in zip(metas, arrays, tensors):
+                if "fp" in meta and not isinstance(a, wire.Ref):
+                    evicted += self.store.put(meta["fp"], t, meta, held)
+            self.backend.sync()
+            t1 = time.perf_counter()
+            results = self.backend.run(kernel, tensors, params, layouts)
+            self.backend.sync()
+            t2 = time.perf_counter()
+            out = self.backend.to_host(results)
+            t3 = time.perf_counter()
+            fps = None
             if self.test_corrupt:
-                results = [_corrupt(r) for r in results]
+                out = [_corrupt(r) for r in out]
+            elif header.get("keep") is True:  # residency: keep results, tell the client their fingerprints
+                fps, evicted = self._keep(results, out, held, evicted)
+            t4 = time.perf_counter()
         except Exception as exc:
             oom = "out of memory" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError"
             return _error(rid, "out_of_memory" if oom else "kernel_error", type(exc).__name__, str(exc)[:2000])
-        return wire.encode({"t": "result", "id": rid, "timing": timing}, results)
+        timing = {"h2d": t1 - t0, "kernel": t2 - t1, "d2h": t3 - t2}
+        if fps is not None:
+            timing["fingerprint"] = t4 - t3
+        kept = [fp for fp in held if fp in self.store]  # what the client may send by reference next time
+        return wire.encode({"t": "result", "id": rid, "timing": timing, "evicted": evicted, "kept": kept},
+                           out, fps=fps)
+
+    def _keep(self, results: list, out: list, held: set, evicted: list) -> tuple[list, list]:
+        fps: list = []
+        for dev, host in zip(results, out):
+            if host.nbytes < RESIDENT_MIN or not (host.flags.c_contiguous or host.flags.f_contiguous):
+                fps.append(None)  # small, or travelling as a copy: the bytes sent would not be ``dev``
+                continue
+            meta, buf = wire.to_wire(host)
+            fp = fingerprint(meta, buf)
+            evicted = evicted + self.store.put(fp, dev, meta, held)
+            fps.append(fp if fp in self.store else None)  # too large for the budget: not kept
+        return fps, evicted
 
 
 def _corrupt(a: Any) -> Any:
@@ -90,8 +140,8 @@ def _corrupt(a: Any) -> Any:
     return a
 
 
-def _error(rid: int, kind: str, exc: str, msg: str) -> list:
-    return wire.encode({"t": "error", "id": rid, "kind": kind, "exc": exc, "msg": msg})
+def _error(rid: int, kind: str, exc: str, msg: str, **extra: Any) -> list:
+    return wire.encode({"t": "error", "id": rid, "kind": kind, "exc": exc, "msg": msg, **extra})
 
 
 def serve(url: str, worker: Worker, *, parent_pid: int | None = None,
@@ -137,12 +187,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def serve_in_thread(url: str, device: str = "auto", test_delay: float = 0.0,
-                    test_corrupt: bool = False) -> tuple[threading.Thread, threading.Event]:
-    """An in-process worker (``inproc://`` URLs): for tests and debugging, no socket involved."""
+def serve_in_thread(url: str, device: str = "auto", test_delay: float = 0.0, test_corrupt: bool = False,
+                    memory_budget: int | None = None) -> tuple[threading.Thread, threading.Event]:
+    """An in-process worker (``inproc://`` URLs): for tests and debugging, no socket involved.
+    The Worker object is ``thread.worker`` (tests look into its resident store)."""
     stop = threading.Event()
-    worker = Worker(device, test_delay, test_corrupt)
+    worker = Worker(device, test_delay, test_corrupt, memory_budget)
     thread = threading.Thread(target=serve, args=(url, worker), kwargs={"stop": stop},
                               name="fusion-shim-worker", daemon=True)
+    thread.worker = worker
     thread.start()
     return thread, stop

@@ -97,6 +97,8 @@ class Config:
     ready_timeout: float = 120.0  # seconds policy=remote waits for a warming worker before running locally
     min_flops: float = 2e7        # auto: below this estimated work a call never leaves the process
     strict: bool = False          # turn every fallback into an error (for CI of user programs)
+    native: bool = True           # the C extension: `@`, `@=`, `.dot` trampolines and the C fast path
+    #                               of wrapped functions (issue 3); 0 turns both off (wrapt only)
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)
@@ -145,4 +147,5 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "ready_timeout": _nonneg_float,
     "min_flops": _nonneg_float,
     "strict": _bool,
+    "native": _bool,
 }

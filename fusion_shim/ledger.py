@@ -11,7 +11,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 MAX_RECORDS = 10_000
 PHASES = ("wait_ready", "encode", "transfer", "h2d", "kernel", "d2h", "decode", "local")
@@ -63,6 +63,9 @@ class Ledger:
         # fast path without a lock or a lookup (a count, not a record; see intercept)
         self.fast_path: dict[str, list[int]] = defaultdict(lambda: [0])
         self.events: list[tuple[float, str]] = []  # worker lifecycle: started, ready, faults
+        # the same counts kept in C (issue 3: the trampolines and the C fast path): (read, reset),
+        # read() -> {op: calls kept local by the floor}
+        self.counters: list[tuple[Callable[[], dict[str, int]], Callable[[], None]]] = []
 
     def reset_after_fork(self) -> None:
         """A forked child reports its own calls, not its parent's: start afresh (a new lock too,
@@ -74,6 +77,8 @@ class Ledger:
         self.events.clear()
         for cell in self.fast_path.values():
             cell[0] = 0  # the same cells: the interceptor's wrappers hold them
+        for _, reset in self.counters:
+            reset()
 
     def now(self) -> float:
         return time.perf_counter() - self.started
@@ -105,9 +110,13 @@ class Ledger:
             ops = {}
             for name, agg in sorted(self.ops.items()):
                 ops[name] = {**agg, "reasons": dict(agg["reasons"]), "phases": dict(agg["phases"])}
-            for name, (n,) in self.fast_path.items():
+            below = {name: n for name, (n,) in self.fast_path.items()}
+            for read, _ in self.counters:
+                for name, n in read().items():
+                    below[name] = below.get(name, 0) + n
+            for name, n in below.items():
                 if n:
-                        ops.setdefault(name, {**_new_op(), "reasons": {}, "phases": {}})["below_floor"] = n
+                    ops.setdefault(name, {**_new_op(), "reasons": {}, "phases": {}})["below_floor"] = n
             return {
                 "ops": ops,
                 "events": [{"t_s": t, "what": w} for t, w in self.events],

@@ -27,6 +27,9 @@ from .catalog import OpSpec, Prepared, Unsupported, prepare
 from .config import Config
 from .ledger import Ledger, Record, call_site
 
+# One per process, shared by every Runtime, so that intercept.bypassed() holds across installs:
+# while a thread's .busy is set, its NumPy calls are not intercepted nor recorded.
+GUARD = threading.local()
 MAX_RESTARTS = 2  # an embedded worker that died is restarted this many times, then the run stays local
 
 
@@ -226,9 +229,11 @@ class Runtime:
         self.config = config
         self.ledger = Ledger()
         self.profile = plan.Profile()
-        self.guard = threading.local()  # .busy: the shim's own NumPy calls must not re-enter it
+        self.guard = GUARD  # .busy: the shim's own NumPy calls must not re-enter it
         self.local_only = config.policy == "local"
         self.floor_bytes = 0 if config.policy == "remote" else plan.FLOOR_BYTES
+        # whether `@`, `@=` and `.dot` are intercepted, and why not (set by intercept, issue 3)
+        self.operators: dict[str, Any] = {"intercepted": False, "why": "not installed", "fast_path": "wrapt"}
         self.link: WorkerLink | None = None
         self.started_wall = time.time()
         self.export_env = False  # set by the launcher: children reuse this process's worker

@@ -11,6 +11,10 @@ JSON schema ``fusion_shim.report/1`` (a map):
   computed here after a fault or while it was not ready), ``below_floor`` (kept local by the size
   floor, counted only), ``bytes_sent``, ``bytes_received``, ``wall_s``, ``phases`` (seconds per
   phase: wait_ready, encode, transfer, h2d, kernel, d2h, decode, local), ``reasons`` (text -> count);
+- ``operators``: ``intercepted`` (bool: whether ``a @ b``, ``a @= b`` and ``a.dot(b)`` on ndarrays go
+  through the shim; their ops are ``numpy.ndarray.__matmul__``, ``__imatmul__``, ``dot``), ``why``
+  (the reason they are not: no C extension, ``FUSION_SHIM_NATIVE=0``, policy local, or an unexpected
+  NumPy), ``fast_path`` (``"C"`` or ``"wrapt"``: where the floor check of wrapped functions runs);
 - ``events``: worker lifecycle, ``{"t_s", "what"}``;
 - ``records``: one map per recorded call (see :class:`fusion_shim.ledger.Record`), at most
   ``ledger.MAX_RECORDS``; ``records_dropped`` counts the rest.
@@ -36,6 +40,7 @@ def build(rt: Any) -> dict[str, Any]:
         "argv": list(sys.argv),
         "policy": rt.config.policy,
         "wall_s": rt.ledger.now(),
+        "operators": dict(rt.operators),
         "worker": None if link is None else {
             "url": link.url, "embedded": link.embedded, "state": link.state,
             "ready_after_s": link.ready_after_s, "restarts": link.restarts, "info": link.info,
@@ -73,6 +78,9 @@ def format_table(report: dict[str, Any]) -> str:
         where = f"worker {w['url']} ({info.get('device', '?')}, {ready})"
     lines.append(f"fusion_shim report · pid {report['pid']} · policy {report['policy']} · {where} · "
                  f"wall {report['wall_s']:.2f}s")
+    operators = report.get("operators") or {}
+    if operators and not operators.get("intercepted") and operators.get("why") != "policy local":
+        lines.append(f"  operators @, @=, .dot: not intercepted ({operators.get('why')})")
     ops = report["ops"]
     if not ops:
         lines.append("  no intercepted calls")
@@ -108,7 +116,10 @@ def at_exit(rt: Any, stream: TextIO | None = None) -> None:
     report = build(rt)
     if rt.config.report:
         write_json(report, rt.config.report)
-    if not rt.config.quiet and (report["ops"] or rt.config.report):
+    operators = report["operators"]
+    # a program that only uses `@` must still learn that it was not intercepted (issue 3)
+    unexpected = not operators["intercepted"] and operators["why"] not in ("policy local", "FUSION_SHIM_NATIVE=0")
+    if not rt.config.quiet and (report["ops"] or rt.config.report or unexpected):
         print(format_table(report), file=stream or sys.stderr)
 
 

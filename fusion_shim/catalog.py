@@ -57,6 +57,7 @@ class Prepared:
     out: ndarray | None = None
     scalar_0d: bool = False   # NumPy returns a scalar, not a 0-d array, when the result is 0-d
     returns: str = "array"    # "array", or the numpy.linalg named tuple the results form
+    scalar_out: bool = False  # np.dot: a 0-d out= is returned as a scalar too (NumPy's PyArray_Return)
 
     @property
     def bytes_in(self) -> int:
@@ -179,7 +180,8 @@ def rule_dot(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     shape = a.shape[:-1] + b.shape[:k_axis_b] + b.shape[k_axis_b + 1:]
     out = out_arg(ba.arguments.get("out"), dt, shape, need_c=True)
     flops = 2.0 * (a.size / a.shape[-1]) * b.size * cfactor(dt)
-    return Prepared(spec, [a, b], {"cdtype": dt.str}, [(dt, shape)], ["C"], flops, out, scalar_0d=True)
+    return Prepared(spec, [a, b], {"cdtype": dt.str}, [(dt, shape)], ["C"], flops, out, scalar_0d=True,
+                    scalar_out=True)
 
 
 def rule_imatmul(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:

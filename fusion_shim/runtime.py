@@ -336,7 +336,7 @@ class Runtime:
         result = arrays[0]
         if prep.out is not None:
             np.copyto(prep.out, result)
-            return prep.out
+            return prep.out[()] if prep.scalar_out and prep.out.ndim == 0 else prep.out
         if prep.scalar_0d and result.ndim == 0:
             return result[()]
         return result

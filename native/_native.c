@@ -9,10 +9,11 @@
  *   the PyMethodDef behind the method descriptor ndarray.dot: ml_meth    a.dot(b, out=None)
  *
  * Invariants:
- * - A trampoline calls NumPy's original at once unless both operands are exact ndarrays, the
- *   input bytes reach the floor the planner publishes (set_floor), a callback is set, and this
- *   thread is not already inside the shim (tls_depth). Only then does it call the Python callback
- *   cb(a, b, out_or_None, kind), which returns the result, or LOCAL: "NumPy's original, here".
+ * - A trampoline calls NumPy's original at once unless both operands are exact ndarrays with one
+ *   dimension or more, their input bytes reach the floor the planner publishes (set_floor), a
+ *   callback is set, and this thread is not already inside the shim (tls_depth). Only then does it
+ *   call the Python callback cb(a, b, out_or_None, kind), which returns the result, or LOCAL:
+ *   "NumPy's original, here".
  * - Local computation always goes through NumPy's original C entry (here or through original()),
  *   so NumPy's exact semantics and errors reach the program; nothing re-enters a trampoline.
  * - install() patches only when every entry is NumPy's own: the slots equal what ndarray's slot
@@ -66,8 +67,9 @@ static inline Py_ssize_t nbytes(PyArrayObject *a)
 static inline int wanted(PyObject *a, PyObject *b, int kind)
 {
     if (floor_bytes < 0 || tls_depth || callback == NULL
-            || Py_TYPE(a) != &PyArray_Type || Py_TYPE(b) != &PyArray_Type) {
-        return 0;
+            || Py_TYPE(a) != &PyArray_Type || Py_TYPE(b) != &PyArray_Type
+            || PyArray_NDIM((PyArrayObject *)a) == 0 || PyArray_NDIM((PyArrayObject *)b) == 0) {
+        return 0;  /* 0-d operands: an error for @, a scalar multiply for .dot; NumPy's alone */
     }
     if (floor_bytes > 0 && nbytes((PyArrayObject *)a) + nbytes((PyArrayObject *)b) < floor_bytes) {
         below_floor[kind]++;
@@ -324,6 +326,20 @@ static PyObject *m_original(PyObject *mod, PyObject *const *args, Py_ssize_t nar
     return NULL;
 }
 
+/* entries(): the current (nb_matrix_multiply, nb_inplace_matrix_multiply, dot ml_meth) addresses,
+ * and what ndarray's slot wrappers hold for the first two; for tests of an exact restore. */
+static PyObject *m_entries(PyObject *mod, PyObject *unused)
+{
+    const char *why;
+    PyObject *d = PyDict_GetItemString(PyArray_Type.tp_dict, "dot");
+    void *dot = (d && Py_IS_TYPE(d, &PyMethodDescr_Type)) ? (void *)((PyMethodDescrObject *)d)->d_method->ml_meth : NULL;
+    void *mm = wrapped_slot("__matmul__", offsetof(PyHeapTypeObject, as_number.nb_matrix_multiply), &why);
+    void *imm = wrapped_slot("__imatmul__", offsetof(PyHeapTypeObject, as_number.nb_inplace_matrix_multiply), &why);
+    return Py_BuildValue("(nnn)(nn)", (Py_ssize_t)PyArray_Type.tp_as_number->nb_matrix_multiply,
+                         (Py_ssize_t)PyArray_Type.tp_as_number->nb_inplace_matrix_multiply, (Py_ssize_t)dot,
+                         (Py_ssize_t)mm, (Py_ssize_t)imm);
+}
+
 /* enter()/leave(): raise and lower this thread's depth (intercept.bypassed(): NumPy untouched). */
 static PyObject *m_enter(PyObject *mod, PyObject *unused)
 {
@@ -456,6 +472,7 @@ static PyMethodDef methods[] = {
     {"set_floor", m_set_floor, METH_O, "Input bytes below which calls stay local; < 0: all; 0: none."},
     {"get_floor", m_get_floor, METH_NOARGS, "The floor in bytes (-1: everything passes through)."},
     {"original", (PyCFunction)(void (*)(void))m_original, METH_FASTCALL, "NumPy's own @ (0), @= (1), .dot (2)."},
+    {"entries", m_entries, METH_NOARGS, "((@, @=, dot) now, (@, @=) in the slot wrappers), as addresses."},
     {"enter", m_enter, METH_NOARGS, "This thread bypasses the shim until leave()."},
     {"leave", m_leave, METH_NOARGS, "Undo one enter()."},
     {"counts", m_counts, METH_NOARGS, "Calls kept local by the floor: (@, @=, .dot)."},

@@ -67,7 +67,7 @@ class OptionalBuildExt(build_ext):
     def _skip(self, exts, why):
         for ext in exts:
             self.skipped.add(ext.name)
-            msg = (f"WARNING: fusion_shim: the optional C extension {ext.name} was not built: {why}. "
+            msg = (f"WARNING: fusion_shim: the optional C extension {ext.name} was not built: {why.rstrip('.')}. "
                    "The package works without it; `a @ b`, `a @= b` and `a.dot(b)` are then not intercepted.")
             print(msg, file=sys.stderr)
 

@@ -19,9 +19,12 @@
  * - install() patches only when every entry is NumPy's own: the slots equal what ndarray's slot
  *   wrappers hold, the descriptor is the expected one, and all three functions live in the shared
  *   object that defines PyArray_Type. Otherwise nothing is patched and the reason is raised.
- * - uninstall() puts back exactly the saved pointers. The trampolines stay valid forever (the
- *   module is never unloaded): ndarray subclasses created while installed inherited the slot, and
- *   for them (never exact ndarrays) a trampoline is a pass-through.
+ * - uninstall() puts back exactly the saved pointers. The trampolines stay valid (the module is
+ *   never unloaded) and pass through once the callback is unset. Subclasses never hold them: a
+ *   class created while installed takes its @ slot from the slot wrapper (NumPy's function), and
+ *   reaches tramp_dot only through the shared descriptor, as a non-exact ndarray (pass-through).
+ *   So NumPy's BINOP_GIVE_UP_IF_NEEDED, which compares the other operand's slot with its own
+ *   function, decides as it would without the shim.
  * - All state is touched with the GIL held (CPython 3.10-3.12; no free-threaded build).
  */
 #define PY_SSIZE_T_CLEAN

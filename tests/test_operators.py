@@ -579,3 +579,36 @@ def test_a_failed_compile_does_not_fail_the_build(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "fusion_shim._native was not built" in r.stderr
     assert not list((tmp_path / "lib").rglob("_native*"))
+
+
+# -- the C fast path of module functions keeps their interface --------------------------------------
+
+def test_fast_proxy_keeps_the_function_interface():
+    import inspect
+    import pickle
+
+    def probe():
+        class Holder:
+            dot = np.dot  # a NumPy function binds as a method; a ufunc does not
+            mm = np.matmul
+
+            def __array__(self, dtype=None, copy=None):
+                return np.full(2, 3.0)
+        return {
+            "bound": Holder().dot(np.ones(2)),
+            "unbound": Holder.mm(np.ones(2), np.ones(2)),
+            "names": (np.matmul.__name__, np.dot.__name__, np.linalg.solve.__name__, np.fft.fft.__module__),
+            "signature": str(inspect.signature(np.linalg.solve)),
+            "ufunc": (isinstance(np.matmul, np.ufunc), np.matmul.nin, np.matmul.nout, np.matmul.signature),
+            "doc": np.matmul.__doc__ == np.matmul.__doc__ and np.einsum.__doc__[:20],
+            "pickled": [pickle.loads(pickle.dumps(f)) is f for f in (np.matmul, np.dot, np.linalg.inv, np.fft.fft2)],
+        }
+
+    plain = probe()
+    rt = fusion_shim.install(policy="local", quiet=True)
+    try:
+        assert rt.operators["fast_path"] == "C"
+        assert isinstance(np.matmul, wrapt.ObjectProxy) and np.matmul.__wrapped__ is not np.matmul
+        assert probe() == plain
+    finally:
+        fusion_shim.uninstall()

@@ -22,6 +22,7 @@ the runtime's ``guard`` covers the shim's own threads (calibration) as before.
 """
 from __future__ import annotations
 
+import copyreg
 import time
 import types
 import warnings
@@ -130,11 +131,19 @@ def fast_proxy(original: Any, slow: Callable) -> tuple[Any, Any]:
     Returns (proxy, the C object, whose ``below`` counts calls kept local by the floor)."""
     fast = _native.FastCall(original, slow)
     # FastCall is not a descriptor: as the class's __call__ it is called without the proxy
-    namespace: dict[str, Any] = {"__call__": fast, "__module__": __name__}
+    namespace: dict[str, Any] = {"__call__": fast, "__module__": __name__, "__reduce_ex__": _reduce_ex}
     if hasattr(type(original), "__get__"):
         namespace["__get__"] = _bind  # e.g. np.dot as a class attribute binds, as the original does
     cls = type("FunctionProxy", (wrapt.ObjectProxy,), namespace)
     return cls(original), fast
+
+
+def _reduce_ex(self: Any, protocol: int) -> Any:
+    """Pickled by name, as NumPy pickles the original (``pool.map(np.linalg.inv, ...)`` works):
+    ufuncs through NumPy's copyreg entry, functions as a global of their module."""
+    original = self.__wrapped__
+    reduce = copyreg.dispatch_table.get(type(original))
+    return reduce(original) if reduce is not None else original.__qualname__
 
 
 def _bind(self: Any, instance: Any, owner: Any = None) -> Any:

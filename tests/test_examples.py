@@ -11,7 +11,8 @@ from conftest import ENV_AT_START
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
-SIZE = "512"  # smaller than the defaults: the point is equal answers, not speed
+SIZE = "512"
+NATIVE_OFF = ENV_AT_START.get("FUSION_SHIM_NATIVE", "").strip().lower() in ("0", "false", "no", "off")  # smaller than the defaults: the point is equal answers, not speed
 
 
 def _run(*args, cwd=ROOT):
@@ -40,6 +41,8 @@ def test_example_same_output_under_remote(example, tmp_path, families_on_worker,
     data = json.loads(report.read_text())
     assert data["schema"] == "fusion_shim.report/1"
     reports[example.stem] = data
+    if example.stem == "mlp_numpy" and NATIVE_OFF:
+        return  # its products are all operators: without the extension nothing is intercepted
     ops = data["ops"]
     assert ops and all(o["fallback"] == 0 for o in ops.values()), ops
     for o in ops.values():
@@ -54,8 +57,7 @@ def test_every_family_ran_on_the_worker(families_on_worker):
     assert families_on_worker == {"products", "linalg", "fft"}
 
 
-@pytest.mark.skipif(ENV_AT_START.get("FUSION_SHIM_NATIVE", "1").strip().lower() in ("0", "false", "no", "off"),
-                    reason="FUSION_SHIM_NATIVE=0 was set for this run")
+@pytest.mark.skipif(NATIVE_OFF, reason="FUSION_SHIM_NATIVE=0 was set for this run: no extension")
 def test_operator_only_example_computes_its_products_on_the_worker(reports):
     """examples/mlp_numpy.py multiplies only with `@`, `@=` and `.dot` (issue 3): every product it
     makes is intercepted by the C trampolines and computed on the worker."""

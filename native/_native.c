@@ -43,6 +43,7 @@
 #define THREAD_LOCAL _Thread_local
 #endif
 
+#define INTERFACE 1  /* bump when the Python side's use of this module changes (loader checks it) */
 enum { K_MATMUL = 0, K_IMATMUL = 1, K_DOT = 2 };
 #define DOT_FLAGS (METH_FASTCALL | METH_KEYWORDS)
 typedef PyObject *(*dotfunc)(PyObject *, PyObject *const *, Py_ssize_t, PyObject *);
@@ -503,6 +504,7 @@ PyMODINIT_FUNC PyInit__native(void)
     }
     if (LOCAL == NULL || PyModule_AddObjectRef(m, "LOCAL", LOCAL) < 0
             || PyModule_AddObjectRef(m, "FastCall", (PyObject *)&FastCall_Type) < 0
+            || PyModule_AddIntConstant(m, "INTERFACE", INTERFACE) < 0
             || PyModule_AddIntConstant(m, "MATMUL", K_MATMUL) < 0
             || PyModule_AddIntConstant(m, "IMATMUL", K_IMATMUL) < 0
             || PyModule_AddIntConstant(m, "DOT", K_DOT) < 0) {

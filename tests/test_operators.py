@@ -45,8 +45,9 @@ def _no_shim_after_module():
 
 
 def _native():
-    from fusion_shim import _native
-    return _native
+    from fusion_shim.intercept import native
+    assert native.available(), native.LOAD_ERROR
+    return native._native
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ import wrapt
 if TYPE_CHECKING:
     from ..runtime import Runtime
 
+INTERFACE = 1  # must equal the extension's INTERFACE (native/_native.c)
 _native: Any = None
 LOAD_ERROR: str | None = None
 _loaded = False
@@ -45,11 +46,47 @@ def available() -> bool:
     if not _loaded:
         _loaded = True
         try:
-            from .. import _native as module
+            try:
+                from .. import _native as module
+            except ImportError:
+                module = _installed_copy()
+                if module is None:
+                    raise
+            if getattr(module, "INTERFACE", None) != INTERFACE:
+                raise ImportError(f"{module.__file__} has interface {getattr(module, 'INTERFACE', None)}, "
+                                  f"this package needs {INTERFACE}: reinstall fusion-shim")
             _native = module
         except ImportError as exc:  # not built (no compiler at install) or not loadable here
             LOAD_ERROR = f"the C extension fusion_shim._native is not available ({exc})"
     return _native is not None
+
+
+def _installed_copy() -> Any:
+    """The package imported from a source checkout (``python -m pytest`` in the repository, as CI
+    does after ``pip install .``) has no compiled extension beside it; the installed copy of the
+    package has one. Load that. ``sys.modules["fusion_shim._native"] = None`` still blocks it."""
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
+
+    name = __package__.rpartition(".")[0] + "._native"
+    if name in sys.modules:  # None: import blocked on purpose
+        return sys.modules[name]
+    here = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for entry in sys.path:
+        pkg = os.path.join(entry or os.getcwd(), "fusion_shim")
+        if not os.path.isdir(pkg) or os.path.realpath(pkg) == here:
+            continue
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(pkg, "_native" + suffix)
+            if os.path.isfile(path):
+                spec = importlib.util.spec_from_file_location(name, path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                sys.modules[name] = module
+                return module
+    return None
 
 
 def publish_floor(floor_bytes: int) -> None:

@@ -14,7 +14,8 @@ Two uses, both optional and both off with ``FUSION_SHIM_NATIVE=0``:
 
 The floor is one number in C, published by :func:`publish_floor`: ``-1`` passes everything through
 (policy local, or no shim installed), ``0`` sends every exact-ndarray call to the Python path
-(policy remote), else the planner's byte floor.
+(policy remote), else the planner's byte floor. Whoever changes ``Runtime.floor_bytes`` after
+install must publish it again (the wrapt path reads the attribute; the C paths read only this).
 
 Re-entrancy: C raises a per-thread depth while the shim's Python path runs on that thread, so that
 the shim's own NumPy work and NumPy's internals never come back into a trampoline or fast path;

@@ -115,6 +115,8 @@ class Config:
     verify: float = 0.0           # fraction of worker answers also computed here and compared
     trace: str | None = None      # path for a Chrome-trace (Perfetto) timeline of the run
     residency: bool = True        # keep inputs and results on the worker, send references (issue 6)
+    native: bool = True           # the C extension: `@`, `@=`, `.dot` trampolines and the C fast path
+    #                               of wrapped functions (issue 3); 0 turns both off (wrapt only)
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)
@@ -166,4 +168,5 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "verify": _fraction,
     "trace": _text,
     "residency": _bool,
+    "native": _bool,
 }

@@ -11,7 +11,7 @@ import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 MAX_RECORDS = 10_000  # full records kept in all
 MAX_PER_SITE = 200    # ... and per call site; past it a site is only aggregated (long loops)
@@ -74,6 +74,9 @@ class Ledger:
         # fast path without a lock or a lookup (a count, not a record; see intercept)
         self.fast_path: dict[str, list[int]] = defaultdict(lambda: [0])
         self.events: list[tuple[float, str]] = []  # worker lifecycle: started, ready, faults
+        # the same counts kept in C (issue 3: the trampolines and the C fast path): (read, reset),
+        # read() -> {op: calls kept local by the floor}
+        self.counters: list[tuple[Callable[[], dict[str, int]], Callable[[], None]]] = []
 
     def clear(self) -> None:
         """Forget every record, aggregate and event (a new phase of a run; tests)."""
@@ -136,9 +139,13 @@ class Ledger:
             ops = {}
             for name, agg in sorted(self.ops.items()):
                 ops[name] = {**agg, "reasons": dict(agg["reasons"]), "phases": dict(agg["phases"])}
-            for name, (n,) in self.fast_path.items():
+            below = {name: n for name, (n,) in self.fast_path.items()}
+            for read, _ in self.counters:
+                for name, n in read().items():
+                    below[name] = below.get(name, 0) + n
+            for name, n in below.items():
                 if n:
-                        ops.setdefault(name, {**_new_op(), "reasons": {}, "phases": {}})["below_floor"] = n
+                    ops.setdefault(name, {**_new_op(), "reasons": {}, "phases": {}})["below_floor"] = n
             return {
                 "ops": ops,
                 "sites": {k: dict(v) for k, v in self.sites.items()},

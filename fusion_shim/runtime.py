@@ -29,6 +29,9 @@ from .ledger import Ledger, Record, call_site
 from .residency import Mirror, fingerprint, worth_keeping
 from .verify import compare
 
+# One per process, shared by every Runtime, so that intercept.bypassed() holds across installs:
+# while a thread's .busy is set, its NumPy calls are not intercepted nor recorded.
+GUARD = threading.local()
 MAX_RESTARTS = 2  # an embedded worker that died is restarted this many times, then the run stays local
 
 
@@ -239,9 +242,11 @@ class Runtime:
         self.config = config
         self.ledger = Ledger()
         self.profile = plan.Profile()
-        self.guard = threading.local()  # .busy: the shim's own NumPy calls must not re-enter it
+        self.guard = GUARD  # .busy: the shim's own NumPy calls must not re-enter it
         self.local_only = config.policy == "local"
         self.floor_bytes = 0 if config.policy == "remote" else plan.FLOOR_BYTES
+        # whether `@`, `@=` and `.dot` are intercepted, and why not (set by intercept, issue 3)
+        self.operators: dict[str, Any] = {"intercepted": False, "why": "not installed", "fast_path": "wrapt"}
         self.link: WorkerLink | None = None
         self.started_wall = time.time()
         self.export_env = False  # set by the launcher: children reuse this process's worker
@@ -329,7 +334,7 @@ class Runtime:
         """Record the call; when it is sampled for a check, compute it locally too and compare. The
         check's time is its own phase, outside the call's wall time and the production totals."""
         rec = done.rec
-        if not self._sampled():
+        if original is None or not self._sampled():  # None: the call cannot be recomputed (`a @= b`)
             self.ledger.add(rec)
             return done.value
         t = time.perf_counter()
@@ -453,7 +458,7 @@ class Runtime:
         result = arrays[0]
         if prep.out is not None:
             np.copyto(prep.out, result)
-            return prep.out
+            return prep.out[()] if prep.scalar_out and prep.out.ndim == 0 else prep.out
         if prep.scalar_0d and result.ndim == 0:
             return result[()]
         return result

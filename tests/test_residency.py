@@ -8,6 +8,7 @@ import pytest
 
 import fusion_shim
 from fusion_shim import plan, wire
+from fusion_shim.intercept import bypassed
 from fusion_shim.residency import RESIDENT_MIN, fingerprint
 
 RNG = np.random.default_rng(6)
@@ -39,8 +40,14 @@ def _close(got, want):
     np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-9 * float(np.max(np.abs(want))))
 
 
-def _sent(rt):
-    return sum(r.bytes_sent for r in rt.ledger.records)
+def ref(fn):
+    """NumPy's own answer, computed outside the shim (`@` is intercepted too)."""
+    with bypassed():
+        return fn()
+
+
+def _sent(rt, op=None):
+    return sum(r.bytes_sent for r in rt.ledger.records if op is None or r.op == op)
 
 
 def test_fingerprint_is_content_and_layout_identity():
@@ -62,17 +69,19 @@ def test_power_iteration_sends_the_matrix_once(rshim):
     for _ in range(steps):
         w = np.matmul(a, v)
         v = w / np.linalg.norm(w)
-    expected = a / 1
-    ref = np.ones(512)
-    for _ in range(steps):
-        ww = expected @ ref
-        ref = ww / np.linalg.norm(ww)
-    _close(v, ref)
+    def power():
+        r = np.ones(512)
+        for _ in range(steps):
+            ww = a @ r
+            r = ww / np.linalg.norm(ww)
+        return r
+    _close(v, ref(power))
     recs = [r for r in rshim.ledger.records if r.op == "numpy.matmul"]
     assert all(r.kind == "worker" for r in recs) and len(recs) == steps
     assert sum(r.resident_hits for r in recs) == steps - 1
     payload = a.nbytes + steps * v.nbytes
-    assert _sent(rshim) <= 1.05 * payload + steps * 400, (_sent(rshim), payload)  # + headers
+    # np.linalg.norm's own v.dot(v) goes to the worker too under policy remote: count the products
+    assert _sent(rshim, "numpy.matmul") <= 1.05 * payload + steps * 400, (_sent(rshim), payload)  # + headers
     assert sum(r.bytes_saved for r in recs) == (steps - 1) * a.nbytes
 
 
@@ -83,11 +92,13 @@ def test_gradient_descent_matrix_and_its_transpose_are_one_entry(rshim):
     for _ in range(10):
         grad = np.matmul(x.T, np.matmul(x, w) - y) / len(y)
         w = w - 0.1 * grad
-    ref = np.zeros(128)
-    for _ in range(10):
-        ref = ref - 0.1 * (x.T @ (x @ ref - y)) / len(y)
-    _close(w, ref)
-    assert _sent(rshim) <= 1.05 * (x.nbytes + 20 * (y.nbytes + w.nbytes)) + 20 * 400
+    def descend():
+        r = np.zeros(128)
+        for _ in range(10):
+            r = r - 0.1 * (x.T @ (x @ r - y)) / len(y)
+        return r
+    _close(w, ref(descend))
+    assert _sent(rshim, "numpy.matmul") <= 1.05 * (x.nbytes + 20 * (y.nbytes + w.nbytes)) + 20 * 400
 
 
 def _mutations():
@@ -111,10 +122,10 @@ def test_mutation_in_place_is_never_stale(rshim, mutate):
     a = RNG.standard_normal((400, 400))
     v = RNG.standard_normal(400)
     first = np.matmul(a, v)
-    _close(first, a @ v)
+    _close(first, ref(lambda: a @ v))
     mutate(a)
     second = np.matmul(a, v)
-    _close(second, np.asarray(a) @ v)
+    _close(second, ref(lambda: a @ v))
     assert not np.allclose(first, second)
     last = rshim.ledger.records[-1]
     assert last.kind == "worker"
@@ -128,7 +139,7 @@ def test_results_stay_on_the_worker(rshim):
     b = np.matmul(a, a)        # the result is kept there
     before = _sent(rshim)
     c = np.matmul(b, a)        # b and a both resident: nothing large travels up
-    _close(c, (a @ a) @ a)
+    _close(c, ref(lambda: (a @ a) @ a))
     rec = rshim.ledger.records[-1]
     assert rec.resident_hits == 2 and _sent(rshim) - before < 2000
 
@@ -139,13 +150,13 @@ def test_eviction_under_a_small_budget_and_resend(rshim, store_worker):
     v = RNG.standard_normal(400)
     for _ in range(3):
         for m in mats:
-            _close(np.matmul(m, v), m @ v)
+            _close(np.matmul(m, v), ref(lambda: m @ v))
     assert worker.store.nbytes <= worker.store.budget
     assert sum(r.evictions for r in rshim.ledger.records) > 0
     # the mirror is a hint: make it stale and the reference is resent once, transparently
     np.matmul(mats[0], v)
     worker.store.clear()
-    _close(np.matmul(mats[0], v), mats[0] @ v)
+    _close(np.matmul(mats[0], v), ref(lambda: mats[0] @ v))
     last = rshim.ledger.records[-1]
     assert last.kind == "worker" and last.resends == 1
     rep = fusion_shim.report()
@@ -202,7 +213,7 @@ def test_planner_prices_resident_inputs_as_free(store_worker):
         rt.config = rt.config.replace(policy="remote")
         np.matmul(a, np.ones((700, 2)))                               # puts a on the worker
         rt.config = rt.config.replace(policy="auto")
-        _close(np.matmul(a, b), a @ b)
+        _close(np.matmul(a, b), ref(lambda: a @ b))
         again = rt.ledger.records[-1]
         assert again.kind == "worker" and again.resident_hits == 1, again.reason
     finally:

@@ -6,11 +6,14 @@ match the installed NumPy's signature is left unwrapped, with a warning and a le
 
 The per-call fast path (policy local, or inputs below the planner's byte floor) is one attribute
 read, one sum over the positional and keyword arrays and one comparison before NumPy's own function
-is called; nothing is recorded for it but a count.
+is called; nothing is recorded for it but a count. With the C extension (issue 3, ``native.py``)
+that check runs in C inside a ``wrapt.ObjectProxy``; without it, in a ``wrapt.FunctionWrapper``.
+The same extension intercepts ``a @ b``, ``a @= b`` and ``a.dot(b)`` on ndarrays.
 """
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import os
 import sys
@@ -18,11 +21,12 @@ import threading
 import time
 import warnings
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import wrapt
 
 from ..config import Config
+from . import native
 
 if TYPE_CHECKING:  # numpy and zmq load when numpy does, not when the bootstrap installs the hook
     from ..catalog import OpSpec
@@ -67,6 +71,7 @@ def uninstall() -> None:
     """Restore every patched attribute exactly and stop the worker this process started."""
     global _runtime
     with _lock:
+        native.uninstall_operators()  # also publishes floor -1: kept proxies pass straight through
         for module, attr, original in reversed(_patches):
             setattr(module, attr, original)
         _patches.clear()
@@ -74,6 +79,25 @@ def uninstall() -> None:
     if rt is not None and not isinstance(rt, _Pending):
         rt.local_only = True  # wrappers someone kept a reference to now pass straight through
         rt.shutdown()
+
+
+@contextlib.contextmanager
+def bypassed() -> Iterator[None]:
+    """In this thread, for the block: NumPy runs untouched, nothing is intercepted or recorded
+    (reference results in tests, a worker thread inside the client process). Nests."""
+    from ..runtime import GUARD
+
+    was = getattr(GUARD, "busy", False)
+    entered = native.available()  # loads the extension: NumPy is imported by now
+    GUARD.busy = True
+    if entered:
+        native._native.enter()
+    try:
+        yield
+    finally:
+        if entered:
+            native._native.leave()
+        GUARD.busy = was
 
 
 def on_exit(hook: Callable[["Runtime"], None]) -> None:
@@ -125,6 +149,8 @@ def _on_numpy(_numpy: ModuleType) -> None:
             _runtime = Runtime(_runtime.config)
             _runtime.export_env = export
         rt = _runtime
+        use_c = rt.config.native and native.available()
+        fast_cells: list[tuple[str, Any]] = []
         for spec in CATALOG:
             try:
                 module = importlib.import_module(spec.module)
@@ -134,15 +160,52 @@ def _on_numpy(_numpy: ModuleType) -> None:
                 warnings.warn(f"fusion_shim: {spec.name} is not intercepted: {exc}", RuntimeWarning, stacklevel=2)
                 rt.ledger.event(f"not intercepted: {spec.name}: {exc}")
                 continue
-            setattr(module, spec.attr, wrapt.FunctionWrapper(original, _make_wrapper(spec, sig, rt)))
+            slow = _make_slow(spec, sig, rt, original)
+            if use_c:
+                proxy, fast = native.fast_proxy(original, slow)
+                fast_cells.append((spec.name, fast))
+            else:
+                proxy = wrapt.FunctionWrapper(original, _make_wrapper(spec, rt, slow))
+            setattr(module, spec.attr, proxy)
             _patches.append((module, spec.attr, original))
+        if fast_cells:
+            rt.ledger.counters.append((lambda: {name: f.below for name, f in fast_cells},
+                                       lambda: [setattr(f, "below", 0) for _, f in fast_cells]))
+        native.publish_floor(-1 if rt.local_only else rt.floor_bytes)
+        ok, why = native.install_operators(rt)
+        rt.operators = {"intercepted": ok, "why": why, "fast_path": "C" if use_c else "wrapt"}
+        rt.ledger.event("operators @, @=, .dot intercepted" if ok else f"operators @, @=, .dot not intercepted: {why}")
     rt.start()
 
 
-def _make_wrapper(spec: "OpSpec", sig: Any, rt: "Runtime") -> Callable:
-    from numpy import ndarray
-
+def _make_slow(spec: "OpSpec", sig: Any, rt: "Runtime", original: Callable) -> Callable:
+    """The shim's path for a call above the floor: decide, run on the worker or here, record."""
     from ..runtime import Record
+
+    def _slow(*args: Any, **kwargs: Any) -> Any:
+        if rt.local_only:
+            return original(*args, **kwargs)
+        got = rt.call(spec, sig, args, kwargs)
+        if got is None:
+            return original(*args, **kwargs)
+        if got.__class__ is not Record:
+            return rt.remote_done(got, original, sig, args, kwargs)
+        # computed here, in this frame, so NumPy's own errors reach the program unchanged
+        t = time.perf_counter()
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            rt.local_done(got, time.perf_counter() - t, exc)
+            raise
+        rt.local_done(got, time.perf_counter() - t, None)
+        return result
+
+    return _slow
+
+
+def _make_wrapper(spec: "OpSpec", rt: "Runtime", slow: Callable) -> Callable:
+    """The fast path in Python, for a wrapt.FunctionWrapper (no C extension, or FUSION_SHIM_NATIVE=0)."""
+    from numpy import ndarray
 
     below_floor = rt.ledger.fast_path[spec.name]  # a list cell: counting costs one add
 
@@ -161,19 +224,6 @@ def _make_wrapper(spec: "OpSpec", sig: Any, rt: "Runtime") -> Callable:
             if nbytes < floor:
                 below_floor[0] += 1
                 return wrapped(*args, **kwargs)
-        got = rt.call(spec, sig, args, kwargs)
-        if got is None:
-            return wrapped(*args, **kwargs)
-        if got.__class__ is not Record:
-            return rt.remote_done(got, wrapped, sig, args, kwargs)
-        # computed here, in this frame, so NumPy's own errors reach the program unchanged
-        t = time.perf_counter()
-        try:
-            result = wrapped(*args, **kwargs)
-        except BaseException as exc:
-            rt.local_done(got, time.perf_counter() - t, exc)
-            raise
-        rt.local_done(got, time.perf_counter() - t, None)
-        return result
+        return slow(*args, **kwargs)
 
     return _intercepted

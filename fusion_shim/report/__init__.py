@@ -15,6 +15,10 @@ JSON schema ``fusion_shim.report/1`` (a map):
   ``bytes_received`` (counted at the socket, headers included), ``resident_hits``, ``bytes_saved``,
   ``resends``, ``evictions`` (residency), ``wall_s``, ``phases`` (seconds per
   phase, see ``ledger.PHASES``; ``verify`` is the checks' own time, outside ``wall_s``), ``reasons``;
+- ``operators``: ``intercepted`` (bool: whether ``a @ b``, ``a @= b`` and ``a.dot(b)`` on ndarrays go
+  through the shim; their ops are ``numpy.ndarray.__matmul__``, ``__imatmul__``, ``dot``), ``why``
+  (the reason they are not: no C extension, ``FUSION_SHIM_NATIVE=0``, policy local, or an unexpected
+  NumPy), ``fast_path`` (``"C"`` or ``"wrapt"``: where the floor check of wrapped functions runs);
 - ``sites``: per call site (``file:line``): ``op``, ``calls``, ``wall_s``, ``worker``, ``verify_s``;
 - ``summary``: what the table shows, computed (see :func:`summarize`);
 - ``events``: worker lifecycle and pins, ``{"t_s", "what"}``;
@@ -47,6 +51,7 @@ def build(rt: Any, ledger: Any = None) -> dict[str, Any]:
         "policy": rt.config.policy,
         "verify": rt.config.verify,
         "wall_s": rt.ledger.now(),
+        "operators": dict(rt.operators),
         "worker": None if link is None else {
             "url": link.url, "embedded": link.embedded, "state": link.state,
             "ready_after_s": link.ready_after_s, "restarts": link.restarts, "info": link.info,
@@ -142,6 +147,9 @@ def format_table(report: dict[str, Any]) -> str:
         where = f"worker {w['url']} ({info.get('device', '?')}, {ready})"
     lines.append(f"fusion_shim report · pid {report['pid']} · policy {report['policy']} · {where} · "
                  f"wall {report['wall_s']:.2f}s")
+    operators = report.get("operators") or {}
+    if operators and not operators.get("intercepted") and operators.get("why") != "policy local":
+        lines.append(f"  operators @, @=, .dot: not intercepted ({operators.get('why')})")
     ops = report["ops"]
     if not ops:
         lines.append("  no intercepted calls")
@@ -212,7 +220,10 @@ def at_exit(rt: Any, stream: TextIO | None = None) -> None:
         from .trace import write_trace
 
         write_trace(report, rt.config.trace)
-    if not rt.config.quiet and (report["ops"] or rt.config.report):
+    operators = report["operators"]
+    # a program that only uses `@` must still learn that it was not intercepted (issue 3)
+    unexpected = not operators["intercepted"] and operators["why"] not in ("policy local", "FUSION_SHIM_NATIVE=0")
+    if not rt.config.quiet and (report["ops"] or rt.config.report or unexpected):
         print(format_table(report), file=stream or sys.stderr)
 
 

@@ -101,6 +101,32 @@ def _text(name: str, raw: str) -> str | None:
     return raw or None
 
 
+def _server_key(name: str, raw: str) -> str | None:
+    """A file holding the worker's CURVE public key (``server.key`` from ``fusion-shim keys``)."""
+    if not raw.strip():
+        return None
+    from .auth import KeyFileError, load_public  # local import: zmq only when keys are used
+
+    try:
+        load_public(raw)
+    except KeyFileError as exc:
+        raise ConfigError(f"{name}: {exc}; valid: the server.key file written by `fusion-shim keys`") from None
+    return raw
+
+
+def _client_keys(name: str, raw: str) -> str | None:
+    """This client's CURVE key pair (``NAME.key_secret``), private to its owner (mode 0600)."""
+    if not raw.strip():
+        return None
+    from .auth import KeyFileError, load_pair
+
+    try:
+        load_pair(raw)
+    except KeyFileError as exc:
+        raise ConfigError(f"{name}: {exc}; valid: a NAME.key_secret file written by `fusion-shim keys`") from None
+    return raw
+
+
 @dataclass(frozen=True)
 class Config:
     policy: str = "auto"          # auto | local | remote
@@ -117,6 +143,8 @@ class Config:
     residency: bool = True        # keep inputs and results on the worker, send references (issue 6)
     native: bool = True           # the C extension: `@`, `@=`, `.dot` trampolines and the C fast path
     #                               of wrapped functions (issue 3); 0 turns both off (wrapt only)
+    server_key: str | None = None   # path: the worker's CURVE public key (a worker run with --keys)
+    client_keys: str | None = None  # path: this client's CURVE key pair; both or neither (issue 8)
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)
@@ -142,6 +170,9 @@ class Config:
             if isinstance(value, str) and field not in ("report", "trace"):
                 value = _PARSERS[field](f"--{field.replace('_', '-')}", value)
             values[field] = value
+        if bool(values.get("server_key")) != bool(values.get("client_keys")):
+            raise ConfigError(f"{PREFIX}SERVER_KEY and {PREFIX}CLIENT_KEYS go together: a CURVE client needs the "
+                              "worker's public key and its own key pair")
         return cls(**values)
 
     def to_env(self) -> dict[str, str]:
@@ -169,4 +200,6 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "trace": _text,
     "residency": _bool,
     "native": _bool,
+    "server_key": _server_key,
+    "client_keys": _client_keys,
 }

@@ -130,7 +130,20 @@ class TorchBackend:
         """An input on the device, in its own dtype (the resident store keeps it so)."""
         return torch.from_numpy(_aligned(a)).to(self.device)
 
-    def run(self, kernel: Kernel, tensors: list, params: dict, layouts: list) -> list:
+    def run(self, kernel: Kernel, arrays: list[np.ndarray], params: dict, layouts: list) -> tuple[list, dict]:
+        """Host arrays in, host arrays out, with the time of each phase (the health check; test
+        backends offer only this)."""
+        t0 = time.perf_counter()
+        tensors = [self.to_device(a) for a in arrays]
+        self.sync()
+        t1 = time.perf_counter()
+        results = self.compute(kernel, tensors, params, layouts)
+        self.sync()
+        t2 = time.perf_counter()
+        out = self.to_host(results)
+        return out, {"h2d": t1 - t0, "kernel": t2 - t1, "d2h": time.perf_counter() - t2}
+
+    def compute(self, kernel: Kernel, tensors: list, params: dict, layouts: list) -> list:
         """Device results in the layouts the client asked for; inputs cast to the compute dtype."""
         cdtype = DTYPES[np.dtype(params["cdtype"])]
         results = kernel([t.to(cdtype) for t in tensors], params)

@@ -62,6 +62,15 @@ class ResidentStore:
         self.nbytes += size
         return evicted
 
+    def evict_all(self, except_: set[str] | frozenset = frozenset()) -> list[str]:
+        """Drop everything but ``except_`` (out of device memory: make all the room there is)."""
+        gone = [fp for fp in self._items if fp not in except_]
+        for fp in gone:
+            t, _ = self._items.pop(fp)
+            self.nbytes -= t.numel() * t.element_size()
+        self.evictions += len(gone)
+        return gone
+
     def __contains__(self, fp: str) -> bool:
         return fp in self._items
 

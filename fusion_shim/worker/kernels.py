@@ -412,7 +412,10 @@ def _matrix_norm(x: torch.Tensor, ord: Any, row: int, col: int) -> torch.Tensor:
     if ord in (2.0, -2.0, "nuc"):
         _finite(x)
         y = x.movedim((row, col), (-2, -1))
-        s = torch.linalg.svdvals(y.to(torch.complex128 if x.is_complex() else torch.float64)).to(real)
+        s = torch.linalg.svdvals(y.to(torch.complex128 if x.is_complex() else torch.float64))
+        if ord == -2.0 and bool((s[..., -1] <= RHO * max(y.shape[-2:]) * EPS64 * s[..., 0]).any()):
+            raise NotReproducible("the smallest singular value is within roundoff of zero: NumPy decides")
+        s = s.to(real)
         if ord == 2.0:
             return s.amax(-1)
         return s.amin(-1) if ord == -2.0 else s.sum(-1)

@@ -601,9 +601,12 @@ class Runtime:
                 shape = tuple(shape[i] for i in layout)
             if arr.dtype != dtype or arr.shape != shape:
                 raise transport.BadReply(f"result {arr.dtype}{list(arr.shape)}, expected {dtype}{list(shape)}")
-        arrays = [a if a.flags.aligned else a.copy() for a in arrays]
+        # a small frame can land unaligned; the copy keeps its memory order (an F result stays F)
+        arrays = [a if a.flags.aligned else a.copy(order="K") for a in arrays]
         arrays = [a.transpose(np.argsort(lay)) if isinstance(lay, list) else a
                   for a, lay in zip(arrays, prep.layouts)]
+        if prep.finish is not None:  # the row's own assembly (issue 4): NumPy's cheap epilogue, here
+            return prep.finish(arrays)
         if prep.returns != "array":
             return self._result_type(prep.returns)(*arrays)
         result = arrays[0]

@@ -23,7 +23,6 @@ has differential cases. The shim is installed once for the module (see ``shim`` 
 """
 from __future__ import annotations
 
-import importlib
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -33,7 +32,8 @@ import pytest
 
 import fusion_shim
 from conftest import last_record
-from fusion_shim.catalog import BY_NAME, CATALOG
+from diffutil import assert_close, assert_meta, check_result, lay_out, op, original, values
+from fusion_shim.catalog import CATALOG
 
 DTYPES = ("float32", "float64", "complex64", "complex128", "int64")
 REAL_DTYPES = ("float32", "float64", "int64")
@@ -78,51 +78,6 @@ def _fresh(shim):
 
 
 # --- helpers ---------------------------------------------------------------------------------------
-
-def original(fn: Any) -> Any:
-    """NumPy's own function behind the shim's wrapt.FunctionWrapper (the function itself if unwrapped)."""
-    return getattr(fn, "__wrapped__", fn)
-
-
-def op(name: str) -> Any:
-    """The catalog row's public attribute as the program sees it now (the shim's wrapper when installed)."""
-    spec = BY_NAME[name]
-    return getattr(importlib.import_module(spec.module), spec.attr)
-
-
-def values(shape: tuple, dtype: str, rng: np.random.Generator) -> np.ndarray:
-    dt = np.dtype(dtype)
-    if dt.kind in "iu":
-        return rng.integers(-4, 5, size=shape).astype(dt)
-    x = rng.standard_normal(shape)
-    if dt.kind == "c":
-        x = x + 1j * rng.standard_normal(shape)
-    return x.astype(dt)
-
-
-def lay_out(x: np.ndarray, layout: str) -> np.ndarray:
-    """The same values in the given memory layout."""
-    if layout == "C":
-        return np.ascontiguousarray(x)
-    if layout == "F":
-        return np.asfortranarray(x)
-    if layout == "strided":  # every other element of the last two axes of a bigger array
-        axes = min(x.ndim, 2)
-        big = np.zeros(x.shape[:x.ndim - axes] + tuple(2 * d for d in x.shape[x.ndim - axes:]), x.dtype)
-        view = big[(Ellipsis,) + (slice(None, None, 2),) * axes]
-        view[...] = x
-        assert not view.flags.c_contiguous and not view.flags.f_contiguous
-        return view
-    if layout == "negstride":  # the first axis longer than 1 walked backwards
-        ax = next(i for i, d in enumerate(x.shape) if d > 1)
-        rev = (slice(None),) * ax + (slice(None, None, -1),)
-        view = np.ascontiguousarray(x[rev])[rev]
-        assert view.strides[ax] < 0
-        return view
-    if layout == "permuted":  # dense, the first axis varying fastest: neither C nor F from 3-d on
-        return np.moveaxis(np.ascontiguousarray(np.moveaxis(x, 0, -1)), -1, 0)
-    raise AssertionError(layout)
-
 
 class Maker:
     """Builds a case's inputs in one dtype and layout; every array goes through :func:`lay_out`."""
@@ -277,6 +232,53 @@ CASES: list[Case] = [
          check="cholesky", size=6),
     Case("numpy.linalg.cholesky", "reads_upper_only",
          lambda m: args(m.one_triangle(6, 6, valid="U"), upper=True), check="cholesky", size=6),
+    # rows and parameters issue 4 added (tests/test_hypothesis_catalog.py generates calls for every
+    # row; these pin each dtype and layout)
+    Case("numpy.linalg.svd", "hermitian", lambda m: args(m.hpd(5, 5), hermitian=True), check="svd", size=5),
+    Case("numpy.linalg.svd", "hermitian_batched_values", lambda m: args(m.hpd(2, 3, 4, 4), hermitian=True,
+                                                                        compute_uv=False), size=4, layouts=ND_LAYOUTS),
+    Case("numpy.linalg.qr", "raw_tall", lambda m: args(m(8, 5), mode="raw"), check="qr", size=8),
+    Case("numpy.linalg.qr", "raw_batched_wide", lambda m: args(m(2, 3, 4, 6), mode="raw"), check="qr", size=6,
+         layouts=ND_LAYOUTS),
+    Case("numpy.fft.fft2", "axes_none_3d", lambda m: args(m(4, 3, 8), axes=None), size=96, layouts=ND_LAYOUTS),
+    Case("numpy.linalg.det", "batched", lambda m: args(m.wellcond(2, 3, 4, 4)), check="det", size=4,
+         layouts=ND_LAYOUTS),
+    Case("numpy.linalg.slogdet", "2d", lambda m: args(m.wellcond(5, 5)), check="det", size=5),
+    Case("numpy.linalg.eig", "batched", lambda m: args(m(2, 3, 4, 4)), check="eig", size=4, layouts=ND_LAYOUTS),
+    Case("numpy.linalg.eigvals", "2d", lambda m: args(m(5, 5)), check="eig", size=5),
+    Case("numpy.linalg.eigvalsh", "batched_upper", lambda m: args(m.hpd(2, 3, 4, 4), UPLO="U"), check="eigh",
+         size=4, layouts=ND_LAYOUTS),
+    Case("numpy.linalg.pinv", "tall", lambda m: args(m(7, 4)), size=7),
+    Case("numpy.linalg.pinv", "batched_hermitian", lambda m: args(m.hpd(2, 3, 4, 4), hermitian=True), size=8,
+         layouts=ND_LAYOUTS),
+    Case("numpy.linalg.lstsq", "tall_matrix_b", lambda m: args(m(8, 4), m(8, 2)), check="lstsq", size=8),
+    Case("numpy.linalg.lstsq", "vector_b", lambda m: args(m(6, 6), m(6)), check="lstsq", size=8),
+    Case("numpy.linalg.matrix_rank", "batched", lambda m: args(m.wellcond(2, 3, 4, 4)), check="rank", size=4,
+         layouts=ND_LAYOUTS),
+    Case("numpy.linalg.norm", "nuc_axes", lambda m: args(m(3, 4, 5), ord="nuc", axis=(2, 0)), size=16,
+         layouts=ND_LAYOUTS),
+    Case("numpy.linalg.norm", "ord3_keepdims", lambda m: args(m(3, 4, 5), ord=3, axis=1, keepdims=True), size=16,
+         layouts=ND_LAYOUTS),
+    Case("numpy.linalg.vector_norm", "axes_tuple", lambda m: args(m(3, 4, 5), axis=(0, 2)), size=16,
+         layouts=ND_LAYOUTS),
+    Case("numpy.linalg.matrix_norm", "batched_inf", lambda m: args(m(2, 4, 5), ord=np.inf), size=16,
+         layouts=ND_LAYOUTS),
+    Case("numpy.linalg.cond", "batched_fro", lambda m: args(m.wellcond(2, 3, 4, 4), "fro"), check="cond", size=4,
+         layouts=ND_LAYOUTS),
+    Case("numpy.linalg.matrix_power", "cube", lambda m: args(m(3, 4, 4), 3), size=32, layouts=ND_LAYOUTS),
+    Case("numpy.linalg.matrix_power", "inverse_squared", lambda m: args(m.wellcond(3, 4, 4), -2), size=32,
+         layouts=ND_LAYOUTS),
+    Case("numpy.kron", "3d_2d", lambda m: args(m(2, 3, 2), m(3, 2)), size=1, layouts=ND_LAYOUTS),
+    Case("numpy.vdot", "matrices", lambda m: args(m(3, 4), m(4, 3)), size=12),
+    Case("numpy.inner", "3d_2d", lambda m: args(m(2, 3, 4), m(5, 4)), size=4, layouts=ND_LAYOUTS),
+    Case("numpy.matvec", "batched", lambda m: args(m(2, 3, 4, 5), m(5)), size=5, layouts=ND_LAYOUTS),
+    Case("numpy.linalg.trace", "batched_offset", lambda m: args(m(2, 3, 4, 5), offset=1), size=4,
+         layouts=ND_LAYOUTS),
+    Case("numpy.fft.rfftn", "3d", lambda m: args(m(4, 6, 8)), dtypes=REAL_DTYPES, size=192, layouts=ND_LAYOUTS),
+    Case("numpy.fft.irfftn", "3d_s", lambda m: args(m(4, 6, 5), s=(4, 6, 8), axes=(0, 1, 2)), size=192,
+         layouts=ND_LAYOUTS),
+    Case("numpy.fft.hfft", "rows", lambda m: args(m(4, 9)), size=16),
+    Case("numpy.fft.ihfft", "rows_n", lambda m: args(m(4, 16), n=12), dtypes=REAL_DTYPES, size=16),
     # numpy.linalg.qr
     Case("numpy.linalg.qr", "reduced_tall", lambda m: args(m(8, 5)), check="qr", size=8),
     Case("numpy.linalg.qr", "reduced_wide", lambda m: args(m(5, 8)), check="qr", size=8),
@@ -348,126 +350,6 @@ def _params():
 
 # --- comparison --------------------------------------------------------------------------------------
 
-def rtol_for(dtype: np.dtype, size: int) -> float:
-    """Relative tolerance (of the result's magnitude) for a problem with an inner dimension ``size``."""
-    scale = max(1.0, size / 8)
-    if dtype.kind in "iub":
-        return 0.0
-    if dtype in (np.dtype("f4"), np.dtype("c8")):
-        return 1e-4 * scale
-    return 1e-10 * scale
-
-
-def assert_meta(got: Any, exp: Any, what: str = "result") -> None:
-    """Same type, dtype, shape, layout and writeability as NumPy's result."""
-    assert type(got) is type(exp), f"{what}: type {type(got).__name__}, NumPy gives {type(exp).__name__}"
-    if isinstance(exp, tuple):
-        assert len(got) == len(exp)
-        for i, (g, e) in enumerate(zip(got, exp)):
-            assert_meta(g, e, f"{what}[{i}]")
-        return
-    assert got.dtype == exp.dtype, f"{what}: dtype {got.dtype}, NumPy gives {exp.dtype}"
-    assert np.shape(got) == np.shape(exp), f"{what}: shape {np.shape(got)}, NumPy gives {np.shape(exp)}"
-    if isinstance(exp, np.ndarray):
-        flags = lambda a: (a.flags.c_contiguous, a.flags.f_contiguous)  # noqa: E731
-        assert flags(got) == flags(exp), (
-            f"{what}: (C, F) contiguous {flags(got)}, NumPy gives {flags(exp)} "
-            f"(strides {got.strides} vs {exp.strides})")
-        if not any(flags(exp)):
-            assert got.strides == exp.strides, f"{what}: strides {got.strides}, NumPy gives {exp.strides}"
-        assert got.flags.writeable == exp.flags.writeable, f"{what}: writeable differs"
-
-
-def assert_close(got: Any, exp: Any, size: int, what: str = "values", ref: Any = None) -> None:
-    """Values within the dtype's tolerance, relative to the largest magnitude of ``ref`` (the
-    expected values by default); integers exactly."""
-    exp = np.asarray(exp)
-    got = np.asarray(got)
-    if exp.dtype.kind in "iub":
-        np.testing.assert_array_equal(got, exp, err_msg=what)
-        return
-    rtol = rtol_for(exp.dtype, size)
-    ref = exp if ref is None else np.asarray(ref)
-    mag = float(np.max(np.abs(ref))) if ref.size else 1.0
-    np.testing.assert_allclose(got, exp, rtol=rtol, atol=rtol * max(mag, 1e-30), err_msg=what)
-
-
-def herm(a: np.ndarray) -> np.ndarray:
-    return np.swapaxes(a.conj(), -1, -2)
-
-
-def eye_like(n: int, dtype: np.dtype, batch: tuple = ()) -> np.ndarray:
-    return np.broadcast_to(np.eye(n, dtype=dtype), batch + (n, n))
-
-
-def effective_input(a: np.ndarray, dtype: np.dtype, uplo: str | None = None) -> np.ndarray:
-    """The matrix a linalg routine actually factors: cast to the result dtype; for eigh/cholesky
-    the Hermitian matrix formed from the one triangle LAPACK reads."""
-    a = np.array(a, dtype=dtype)
-    if uplo is None:
-        return a
-    n = a.shape[-1]
-    keep = np.tril(np.ones((n, n), bool)) if uplo == "L" else np.triu(np.ones((n, n), bool))
-    tri = np.where(keep, a, 0)
-    full = tri + herm(tri)
-    idx = np.arange(n)
-    full[..., idx, idx] = a[..., idx, idx].real
-    return full
-
-
-def check_result(case: Case, a_args: tuple, kwargs: dict, got: Any, exp: Any) -> None:
-    assert_meta(got, exp)
-    size = case.size
-    if case.check == "values":
-        assert_close(got, exp, size)
-        return
-    a = a_args[0]
-    if case.check == "svd":
-        if not kwargs.get("compute_uv", True):
-            assert_close(got, exp, size, "singular values")
-            return
-        u, s, vh = got
-        assert_close(s, exp.S, size, "singular values")
-        k = s.shape[-1]
-        aa = effective_input(a, u.dtype)
-        assert_close((u[..., :, :k] * s[..., None, :]) @ vh[..., :k, :], aa, size, "U S Vh = A", ref=aa)
-        assert_close(herm(u) @ u, eye_like(u.shape[-1], u.dtype, u.shape[:-2]), size, "U unitary")
-        assert_close(vh @ herm(vh), eye_like(vh.shape[-2], vh.dtype, vh.shape[:-2]), size, "Vh unitary")
-    elif case.check == "eigh":
-        w, v = got
-        assert_close(w, exp.eigenvalues, size, "eigenvalues", ref=exp.eigenvalues)
-        assert np.all(np.diff(w, axis=-1) >= 0), "eigenvalues are not ascending"
-        aa = effective_input(a, v.dtype, kwargs.get("UPLO", "L"))
-        assert_close((v * w[..., None, :]) @ herm(v), aa, size, "V diag(w) V^H = A", ref=aa)
-        assert_close(herm(v) @ v, eye_like(v.shape[-1], v.dtype, v.shape[:-2]), size, "V unitary")
-    elif case.check == "cholesky":
-        upper = kwargs.get("upper", False)
-        assert_close(got, exp, size, "factor (unique for HPD input)")
-        tri = np.triu(got) if upper else np.tril(got)
-        np.testing.assert_array_equal(got, tri, err_msg="factor is not triangular")
-        aa = effective_input(a, got.dtype, "U" if upper else "L")
-        prod = herm(got) @ got if upper else got @ herm(got)
-        assert_close(prod, aa, size, "L L^H = A", ref=aa)
-    elif case.check == "qr":
-        mode = kwargs.get("mode", "reduced")
-        r = got if mode == "r" else got.R
-        np.testing.assert_array_equal(r, np.triu(r), err_msg="R is not upper triangular")
-        aa = effective_input(a, r.dtype)
-        if mode == "r":  # R is defined up to row phases: R^H R = A^H A
-            gram = herm(aa) @ aa
-            assert_close(herm(r) @ r, gram, size, "R^H R = A^H A", ref=gram)
-            assert_close(np.abs(np.diagonal(r, 0, -2, -1)), np.abs(np.diagonal(exp, 0, -2, -1)), size,
-                         "|diag R|", ref=exp)
-            return
-        q = got.Q
-        assert_close(q @ r, aa, size, "Q R = A", ref=aa)
-        assert_close(herm(q) @ q, eye_like(q.shape[-1], q.dtype, q.shape[:-2]), size, "Q unitary")
-        assert_close(np.abs(np.diagonal(r, 0, -2, -1)), np.abs(np.diagonal(exp.R, 0, -2, -1)), size,
-                     "|diag R|", ref=exp.R)
-    else:  # pragma: no cover
-        raise AssertionError(case.check)
-
-
 def run_both(shim, name: str, a_args: tuple, kwargs: dict) -> tuple[Any, Any, Any]:
     """NumPy's result (original function, not recorded), the shim's result, and the shim's record."""
     fn = op(name)
@@ -488,13 +370,16 @@ def test_differential(shim, case: Case, dtype: str, layout: str):
     snapshot = [np.array(x, copy=True) for x in a_args if isinstance(x, np.ndarray)]
     exp, got, rec = run_both(shim, case.op, a_args, kwargs)
     assert rec.kind == "worker", f"{case.op} ran {rec.kind}: {rec.reason}"
-    check_result(case, a_args, kwargs, got, exp)
+    check_result(case.check, case.size, a_args, kwargs, got, exp)
     for before, x in zip(snapshot, [x for x in a_args if isinstance(x, np.ndarray)]):
         np.testing.assert_array_equal(x, before, err_msg="an input was modified")
 
 
 def test_every_catalog_row_has_differential_cases():
-    covered = {case.op for case in CASES}
+    """Every row has cases here or generated ones in tests/test_hypothesis_catalog.py (all rows)."""
+    from test_hypothesis_catalog import STRATEGIES
+
+    covered = {case.op for case in CASES} | set(STRATEGIES)
     missing = sorted(spec.name for spec in CATALOG if spec.name not in covered)
     assert not missing, f"catalog rows without a differential case: {missing}"
     unknown = sorted(covered - {spec.name for spec in CATALOG})
@@ -698,9 +583,6 @@ PASS_THROUGH = [
      "not offloaded for products"),
     ("numpy.linalg.inv", "float16", lambda: args(np.eye(3, dtype=np.float16)), "float16"),  # NumPy: TypeError
     ("numpy.einsum", "single_operand_view", lambda: args("ij->ji", np.ones((3, 4))), "single-operand"),
-    ("numpy.linalg.svd", "hermitian", lambda: args(np.eye(4) * 2, hermitian=True), "hermitian=True"),
-    ("numpy.linalg.qr", "raw_mode", lambda: args(np.ones((4, 3)), mode="raw"), "mode='raw'"),
-    ("numpy.fft.fft2", "axes_none", lambda: args(np.ones((4, 4, 4)), axes=None), "axes=None"),
     ("numpy.matmul", "empty", lambda: args(np.ones((0, 3)), np.ones((3, 2))), "empty"),
     ("numpy.matmul", "dtype_kw", lambda: args(np.ones((2, 3)), np.ones((3, 2)), dtype=np.float32),
      "unsupported keyword dtype"),

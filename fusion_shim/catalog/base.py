@@ -279,7 +279,9 @@ def unwrap(fn: Any) -> Any:
     batching decorators carry ``__wrapped__`` too, and must stay in place)."""
     import wrapt
 
-    return fn.__wrapped__ if isinstance(fn, wrapt.FunctionWrapper) else fn
+    ours = isinstance(fn, wrapt.FunctionWrapper) or (  # the wrapt path, or the C fast path (issue 3)
+        isinstance(fn, wrapt.ObjectProxy) and type(fn).__module__ == "fusion_shim.intercept.native")
+    return fn.__wrapped__ if ours else fn
 
 
 def original(spec: OpSpec) -> Callable:

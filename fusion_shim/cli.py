@@ -22,13 +22,15 @@ USAGE = """\
 usage: python -m fusion_shim [options] (app.py | -m module) [args...]
        fusion-shim worker --bind URL [--device auto|cpu|cuda:N] [--keys DIR | --insecure]
        fusion-shim keys DIR [--client NAME ...]
-       fusion-shim report run.json
+       fusion-shim report run.json [--what-if bandwidth=B,rtt=S,speedup=X] [--trace PATH]
 
 options (each also a FUSION_SHIM_* variable):
   --policy auto|local|remote   where calls run (default auto)
   --worker URL                 a running worker (ipc://, tcp://); default: start one in the background
   --device auto|cpu|cuda:N     device of the embedded worker
   --report PATH                write the report as JSON to PATH
+  --trace PATH                 write a Chrome-trace timeline (open it in https://ui.perfetto.dev)
+  --verify FRACTION|all        also compute that share of worker answers here and compare them
   --timeout SECONDS            a remote call not answered by then is computed locally (default 60)
   --ready-timeout SECONDS      how long --policy remote waits for a warming worker (default 120)
   --quiet                      no report table on stderr
@@ -36,8 +38,8 @@ options (each also a FUSION_SHIM_* variable):
   --server-key PATH            the worker's public key file (a worker serving with --keys)
   --client-keys PATH           this client's .key_secret file (its name in the worker's allow-list)
 """
-RUN_OPTIONS = ("policy", "worker", "device", "report", "timeout", "ready-timeout", "min-flops", "server-key",
-               "client-keys")
+RUN_OPTIONS = ("policy", "worker", "device", "report", "trace", "verify", "timeout", "ready-timeout", "min-flops",
+               "server-key", "client-keys")
 RUN_FLAGS = ("quiet", "strict")
 
 
@@ -235,6 +237,11 @@ def worker_main(argv: list[str]) -> int:
     parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--test-delay", type=float, default=0.0,
                         help="TEST ONLY: hold every call this many seconds (fault-injection tests)")
+    parser.add_argument("--memory-budget", type=_size, default=None,
+                        help="bytes the resident store may hold (e.g. 2G, 512M); default: half the GPU, "
+                             "or a quarter of RAM up to 8G on the CPU")
+    parser.add_argument("--test-corrupt", action="store_true",
+                        help="TEST ONLY: return wrong answers (verification tests)")
     opts = parser.parse_args(argv)
     from .config import ConfigError, _device
 
@@ -253,9 +260,11 @@ def worker_main(argv: list[str]) -> int:
         parser.error("--max-bytes must be > 0")
     security = f"CURVE, clients from {opts.keys}" if opts.keys else "no authentication"
     print(f"fusion_shim worker: binding {opts.bind} (device {device}; {security})", file=sys.stderr, flush=True)
+    if opts.test_corrupt:
+        print("fusion_shim worker: TEST MODE --test-corrupt: every answer is wrong", file=sys.stderr, flush=True)
     try:
-        serve(opts.bind, Worker(device, opts.test_delay, max_bytes=max_bytes), parent_pid=opts.parent_pid,
-              keys=opts.keys, insecure=opts.insecure)
+        serve(opts.bind, Worker(device, opts.test_delay, opts.test_corrupt, opts.memory_budget, max_bytes=max_bytes),
+              parent_pid=opts.parent_pid, keys=opts.keys, insecure=opts.insecure)
     except KeyFileError as exc:
         print(f"fusion-shim worker: {exc}", file=sys.stderr)
         return 2
@@ -293,15 +302,44 @@ def keys_main(argv: list[str]) -> int:
     return 0
 
 
+def _size(text: str) -> int:
+    """``123``, ``512K``, ``64M``, ``2G`` (powers of 1024)."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    scale = units.get(t[-1:], 1)
+    number = t[:-1] if t[-1:] in units else t
+    try:
+        value = int(float(number) * scale)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size; valid: a number of bytes, or with K, M, G, T") from None
+    if value < 0:
+        raise ValueError("a size must be >= 0")
+    return value
+
+
 def report_main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: fusion-shim report run.json", file=sys.stderr)
-        return 2
-    from .report import render
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="fusion-shim report", description="Render a saved run's report.")
+    parser.add_argument("path", help="a JSON report written with --report")
+    parser.add_argument("--what-if", metavar="KEY=VALUE,...",
+                        help="re-price the run under another link/device (an estimate): bandwidth=B/s, rtt=s, speedup=x")
+    parser.add_argument("--trace", metavar="PATH", help="also write its Chrome-trace timeline to PATH")
+    opts = parser.parse_args(argv)
+    from .report import format_table, load
 
     try:
-        print(render(argv[0]))
-    except (OSError, ValueError) as exc:
+        report = load(opts.path)
+        print(format_table(report))
+        if opts.trace:
+            from .report.trace import write_trace
+
+            write_trace(report, opts.trace)
+        if opts.what_if:
+            from .report.whatif import LinkProfile, format_whatif, reprice
+
+            print(format_whatif(reprice(report, LinkProfile.parse(opts.what_if))))
+    except (OSError, ValueError, KeyError) as exc:
         print(f"fusion-shim report: {exc}", file=sys.stderr)
         return 1
     return 0

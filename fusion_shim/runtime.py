@@ -40,7 +40,12 @@ from . import plan, transport, wire
 from .catalog import OpSpec, Prepared, Unsupported, prepare
 from .config import Config
 from .ledger import Ledger, Record, call_site
+from .residency import Mirror, fingerprint, worth_keeping
+from .verify import compare
 
+# One per process, shared by every Runtime, so that intercept.bypassed() holds across installs:
+# while a thread's .busy is set, its NumPy calls are not intercepted nor recorded.
+GUARD = threading.local()
 MAX_RESTARTS = 2  # an embedded worker that died is restarted this many times, then the run stays local
 CRASH_LIMIT = 3  # an op in flight this many times when the worker went down runs locally from then on
 DEADLINE_FLOOR_S = 5.0   # per-call deadline: max(floor, factor x predicted), capped by Config.timeout,
@@ -56,9 +61,16 @@ class WorkerFault(transport.TransportError):
     """The worker answered with an error instead of a result."""
 
 
+class VerificationError(FallbackError):
+    """Strict mode: a checked answer from the worker differed from NumPy's."""
+
+
 @dataclass
 class Done:
+    """The worker's answer; the record is added once it is checked (or not sampled for a check)."""
     value: Any
+    rec: Record
+    prep: Prepared
 
 
 class WorkerLink:
@@ -77,6 +89,7 @@ class WorkerLink:
         self.state = "starting"
         self.ready = threading.Event()
         self.info: dict[str, Any] = {}
+        self.mirror = Mirror()  # what this worker is believed to hold (issue 6): a hint
         self.restarts = 0
         self.ready_after_s: float | None = None
         self._local = threading.local()
@@ -139,7 +152,10 @@ class WorkerLink:
                 raise transport.BadReply(f"hello answered with an error: {header.get('kind')}: {header.get('msg')}")
             if header["t"] != "ready":
                 raise transport.BadReply(f"hello answered with {header['t']!r}")
-            self.info = {k: header.get(k) for k in ("pid", "device", "torch", "bench")}
+            info = {k: header.get(k) for k in ("pid", "device", "torch", "bench", "memory_budget")}
+            if info.get("pid") != self.info.get("pid"):
+                self.mirror.clear()  # a new worker process holds nothing yet
+            self.info = info
             if self.ready_after_s is not None:  # back after a fault: the link was measured before
                 self._ready(f"worker back at {self.url} (pid {self.info.get('pid')})")
                 ok = True
@@ -303,11 +319,18 @@ class WorkerLink:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
+def call_header(rid: int, prep: Prepared) -> dict:
+    """The header of the ``call`` message for a prepared call (wire.py's docstring has the format)."""
+    # a result asked for in a permuted axis order travels transposed to it (see _assemble)
+    results = [{"dtype": dt.str, "shape": [shape[i] for i in lay] if isinstance(lay, list) else list(shape)}
+               for (dt, shape), lay in zip(prep.results, prep.layouts)]
+    return {"t": "call", "id": rid, "op": prep.spec.kernel_id, "params": prep.params, "layouts": prep.layouts,
+            "results": results}
+
+
 def call_message(rid: int, prep: Prepared) -> list:
-    """The ``call`` message for a prepared call (wire.py's docstring has the format)."""
-    results = [{"dtype": dt.str, "shape": list(shape)} for dt, shape in prep.results]
-    return wire.encode({"t": "call", "id": rid, "op": prep.spec.kernel_id, "params": prep.params,
-                        "layouts": prep.layouts, "results": results}, prep.arrays)
+    """The ``call`` message for a prepared call, every input by value."""
+    return wire.encode(call_header(rid, prep), prep.arrays)
 
 
 def _load_curve(config: Config) -> tuple[bytes, bytes, bytes] | None:
@@ -339,12 +362,16 @@ class Runtime:
         self.config = config
         self.ledger = Ledger()
         self.profile = plan.Profile()
-        self.guard = threading.local()  # .busy: the shim's own NumPy calls must not re-enter it
+        self.guard = GUARD  # .busy: the shim's own NumPy calls must not re-enter it
         self.local_only = config.policy == "local"
         self.floor_bytes = 0 if config.policy == "remote" else plan.FLOOR_BYTES
+        # whether `@`, `@=` and `.dot` are intercepted, and why not (set by intercept, issue 3)
+        self.operators: dict[str, Any] = {"intercepted": False, "why": "not installed", "fast_path": "wrapt"}
         self.link: WorkerLink | None = None
         self.started_wall = time.time()
         self.export_env = False  # set by the launcher: children reuse this process's worker
+        self._verify_debt = 0.0  # sampling: a call is checked each time this reaches 1
+        self.pinned_checks: dict[tuple, str] = {}  # op signature -> call site of the mismatch that pinned it
         self._results: dict[str, type] = {}
         # issue 8: ops in flight when the worker went down, by (kernel id, input dtypes)
         self.crash_limit = CRASH_LIMIT
@@ -378,7 +405,8 @@ class Runtime:
 
     def _call(self, spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict) -> Done | Record:
         t0 = time.perf_counter()
-        rec = Record(spec.name, spec.family, site=call_site(4), start_s=t0 - self.ledger.started)
+        rec = Record(spec.name, spec.family, site=call_site(4), start_s=t0 - self.ledger.started,
+                     thread=threading.get_ident())
         try:
             prep = prepare(spec, sig, args, kwargs)
         except Unsupported as exc:
@@ -386,6 +414,10 @@ class Runtime:
             return rec
         rec.shapes = [list(a.shape) for a in prep.arrays]
         rec.dtypes = [a.dtype.str for a in prep.arrays]
+        pinned_at = self.pinned_checks.get(_signature(rec)) if self.pinned_checks else None
+        if pinned_at is not None:
+            rec.kind, rec.reason = "local", f"pinned local: a checked answer differed at {pinned_at}"
+            return rec
         op_key = (spec.kernel_id, tuple(rec.dtypes))
         if self.pinned and op_key in self.pinned:
             rec.kind, rec.reason = "fallback", self.pinned[op_key]
@@ -395,8 +427,20 @@ class Runtime:
             waited = time.perf_counter()
             self.link.wait_ready(self.config.ready_timeout, while_starting=True)
             rec.phases["wait_ready"] = time.perf_counter() - waited
-        decision = plan.decide(self.config.policy, spec.family, prep.flops, prep.bytes_in, prep.bytes_out,
-                               self.worker_state(), self.profile, self.config.min_flops)
+        price = lambda bytes_in: plan.decide(self.config.policy, spec.family, prep.flops, bytes_in, prep.bytes_out,
+                                             self.worker_state(), self.profile, self.config.min_flops)
+        decision = price(prep.bytes_in)
+        wired = None
+        # Residency (issue 6): fingerprint only a remote candidate: a call that goes to the worker, or
+        # one that would if its inputs were already there. The decision then prices only the bytes
+        # the worker does not hold.
+        if self.config.residency and self.link is not None and (
+                decision.where == "worker" or (decision.local_s is not None and price(0).where == "worker")):
+            t = time.perf_counter()
+            wired = _Wired(prep.arrays, self.link.mirror)
+            rec.phases["fingerprint"] = time.perf_counter() - t
+            if wired.resident_bytes:
+                decision = price(prep.bytes_in - wired.resident_bytes)
         rec.reason = decision.reason
         rec.predicted_local_s, rec.predicted_remote_s = decision.local_s, decision.remote_s
         if decision.where == "local":
@@ -411,7 +455,7 @@ class Runtime:
             deadline_s = min(deadline_s, max(DEADLINE_FLOOR_S, DEADLINE_FACTOR * predicted))
         t_sent = time.perf_counter()
         try:
-            value = self._remote(prep, rec, deadline_s)
+            value = self._remote(prep, rec, wired, deadline_s)
         except transport.TransportError as exc:
             detail = ""
             if isinstance(exc, transport.Timeout):
@@ -433,8 +477,7 @@ class Runtime:
         rec.kind = "worker"
         rec.wall_s = time.perf_counter() - t0
         self.profile.learn(spec.family, "worker", predicted, rec.wall_s)  # also under remote: deadlines use it
-        self.ledger.add(rec)
-        return Done(value)
+        return Done(value, rec, prep)
 
     def _count_crash(self, op_key: tuple, exc: Exception) -> None:
         """The worker went down with this op in flight; at ``crash_limit`` it runs locally from now on."""
@@ -446,30 +489,118 @@ class Runtime:
                                    f"when the worker went down (last: {type(exc).__name__})")
         self.ledger.event(f"{self.pinned[op_key]}; it runs locally for the rest of the run")
 
-    def _remote(self, prep: Prepared, rec: Record, deadline_s: float) -> Any:
+    # -- after the worker answered -----------------------------------------------------------------
+    def remote_done(self, done: Done, original: Any, sig: inspect.Signature, args: tuple, kwargs: dict) -> Any:
+        """Record the call; when it is sampled for a check, compute it locally too and compare. The
+        check's time is its own phase, outside the call's wall time and the production totals."""
+        rec = done.rec
+        if original is None or not self._sampled():  # None: the call cannot be recomputed (`a @= b`)
+            self.ledger.add(rec)
+            return done.value
+        t = time.perf_counter()
+        bound = sig.bind(*args, **kwargs)
+        if "out" in bound.arguments:
+            bound.arguments["out"] = None  # the check must not write into the program's array again
+        self.guard.busy = True
+        try:
+            want = original(*bound.args, **bound.kwargs)
+        except Exception as exc:  # NumPy refuses what the worker computed: NumPy's answer stands
+            rec.verify, rec.phases["verify"] = f"mismatch: NumPy raised {type(exc).__name__}", time.perf_counter() - t
+            self._pin(rec)
+            raise
+        finally:
+            self.guard.busy = False
+        problem = compare(rec.op, done.prep.out if done.prep.out is not None else done.value, want, done.prep.arrays)
+        rec.phases["verify"] = time.perf_counter() - t
+        rec.local_measured_s = rec.phases["verify"]
+        if problem is None:
+            rec.verify = "ok"
+            self.ledger.add(rec)
+            return done.value
+        rec.verify = f"mismatch: {problem}"
+        self._pin(rec)
+        if self.config.strict:
+            raise VerificationError(f"{rec.op} at {rec.site}: the worker's answer differed from NumPy's: {problem}")
+        if done.prep.out is not None:
+            np.copyto(done.prep.out, want)
+            return done.prep.out
+        return want
+
+    def _sampled(self) -> bool:
+        fraction = self.config.verify
+        if fraction <= 0:
+            return False
+        self._verify_debt += fraction
+        if self._verify_debt >= 1.0 - 1e-12:
+            self._verify_debt -= 1.0
+            return True
+        return False
+
+    def _pin(self, rec: Record) -> None:
+        self.pinned_checks[_signature(rec)] = rec.site
+        self.ledger.add(rec)
+        self.ledger.event(f"{rec.op} {rec.dtypes} pinned local: the worker's answer at {rec.site} differed "
+                          f"from NumPy's ({rec.verify})")
+
+    def _remote(self, prep: Prepared, rec: Record, wired: "_Wired | None", deadline_s: float) -> Any:
         link = self.link
         chan = link.channel()
-        rid = link.next_id()
         t0 = time.perf_counter()
-        frames = call_message(rid, prep)
+        header = call_header(rid := link.next_id(), prep)
+        if wired is None:
+            frames = wire.encode(header, prep.arrays)
+        else:
+            header["keep"] = True
+            frames = wire.encode_wired(header, wired.items, wired.fps, wired.refs)
         t1 = time.perf_counter()
-        header, arrays = chan.request(rid, frames, time.monotonic() + deadline_s, link.alive)
+        reply, arrays = chan.request(rid, frames, time.monotonic() + deadline_s, link.alive)
+        if reply["t"] == "error" and reply.get("kind") == "missing" and wired is not None and wired.refs:
+            # the mirror was stale (an eviction it did not hear of, another client): resend by value, once
+            link.mirror.discard(reply.get("missing") or ())
+            rec.resends += len(wired.refs)
+            header["id"] = rid = link.next_id()
+            before = chan.last_bytes_sent, chan.last_bytes_received
+            frames = wire.encode_wired(header, wired.items, wired.fps, ())
+            reply, arrays = chan.request(rid, frames, time.monotonic() + deadline_s, link.alive)
+            chan.last_bytes_sent += before[0]  # both round trips were on the socket
+            chan.last_bytes_received += before[1]
+            wired.refs = []
         t2 = time.perf_counter()
-        rec.bytes_sent = sum(_nbytes(f) for f in frames)
-        if header["t"] == "error":
-            raise WorkerFault(f"worker raised {header.get('exc')} ({header.get('kind')}): {header.get('msg')}"[:300])
-        if header["t"] != "result":
-            raise transport.BadReply(f"a call answered with {header['t']!r}")
-        rec.bytes_received = sum(a.nbytes for a in arrays)
+        rec.bytes_sent, rec.bytes_received = chan.last_bytes_sent, chan.last_bytes_received
+        if reply["t"] == "error":
+            raise WorkerFault(f"worker raised {reply.get('exc')} ({reply.get('kind')}): {reply.get('msg')}"[:300])
+        if reply["t"] != "result":
+            raise transport.BadReply(f"a call answered with {reply['t']!r}")
         value = self._assemble(prep, arrays)
+        if wired is not None:
+            rec.resident_hits = len(wired.refs)
+            rec.bytes_saved = sum(wired.sizes[i] for i in wired.refs)
+            evicted = reply.get("evicted") or ()
+            rec.evictions = len(evicted)
+            link.mirror.discard(evicted)
+            kept = set(reply.get("kept") or ())  # the worker says which inputs it kept
+            for i, fp in enumerate(wired.fps):
+                if fp in kept:
+                    link.mirror.add(fp, wired.sizes[i])
+            for meta, arr in zip(reply.get("arrays", ()), arrays):
+                if isinstance(meta, dict) and meta.get("fp"):
+                    link.mirror.add(meta["fp"], arr.nbytes)
         t3 = time.perf_counter()
-        timing = header.get("timing") if isinstance(header.get("timing"), dict) else {}
-        worker_s = {k: float(v) for k, v in timing.items() if k in ("h2d", "kernel", "d2h") and isinstance(v, (int, float))}
+        timing = reply.get("timing") if isinstance(reply.get("timing"), dict) else {}
+        worker_s = {k: float(v) for k, v in timing.items()
+                    if k in ("h2d", "kernel", "d2h", "fingerprint") and isinstance(v, (int, float))}
+        worker_fp = worker_s.pop("fingerprint", 0.0)
         rec.phases.update(worker_s)
         if timing.get("oom_retry"):
             self.ledger.event(f"worker ran out of memory on {prep.spec.kernel_id}; it freed its caches and the retry "
                               "succeeded")
-        rec.phases.update(encode=t1 - t0, transfer=max(t2 - t1 - sum(worker_s.values()), 0.0), decode=t3 - t2)
+        if worker_fp:
+            rec.phases["fingerprint"] = rec.phases.get("fingerprint", 0.0) + worker_fp
+        # the worker may start before send() returns (zero-copy sends overlap), so send and transfer
+        # share what the round trip leaves after the worker's own time: phases never exceed the wall
+        on_link = max(t2 - t1 - sum(worker_s.values()) - worker_fp, 0.0)
+        send = min(chan.last_send_s, on_link)
+        rec.phases.update(encode=t1 - t0, send=send, transfer=on_link - send, decode=t3 - t2)
         self.profile.learn_link(rec.bytes_sent + rec.bytes_received, rec.phases["transfer"])
         return value
 
@@ -478,15 +609,22 @@ class Runtime:
         if len(arrays) != len(prep.results):
             raise transport.BadReply(f"{len(arrays)} results, expected {len(prep.results)}")
         for arr, (dtype, shape), layout in zip(arrays, prep.results, prep.layouts):
+            if isinstance(layout, list):  # travels transposed to that axis order (worker.kernels)
+                shape = tuple(shape[i] for i in layout)
             if arr.dtype != dtype or arr.shape != shape:
                 raise transport.BadReply(f"result {arr.dtype}{list(arr.shape)}, expected {dtype}{list(shape)}")
-        arrays = [a if a.flags.aligned else a.copy() for a in arrays]
+        # a small frame can land unaligned; the copy keeps its memory order (an F result stays F)
+        arrays = [a if a.flags.aligned else a.copy(order="K") for a in arrays]
+        arrays = [a.transpose(np.argsort(lay)) if isinstance(lay, list) else a
+                  for a, lay in zip(arrays, prep.layouts)]
+        if prep.finish is not None:  # the row's own assembly (issue 4): NumPy's cheap epilogue, here
+            return prep.finish(arrays)
         if prep.returns != "array":
             return self._result_type(prep.returns)(*arrays)
         result = arrays[0]
         if prep.out is not None:
             np.copyto(prep.out, result)
-            return prep.out
+            return prep.out[()] if prep.scalar_out and prep.out.ndim == 0 else prep.out
         if prep.scalar_0d and result.ndim == 0:
             return result[()]
         return result
@@ -515,5 +653,24 @@ class Runtime:
             self.link.stop()
 
 
-def _nbytes(frame: Any) -> int:
-    return frame.nbytes if hasattr(frame, "nbytes") else len(frame)
+class _Wired:
+    """A call's inputs laid out for the wire, with fingerprints for those worth keeping and the
+    indices the worker is believed to hold (sent as references)."""
+
+    def __init__(self, arrays: list, mirror: Mirror):
+        self.items, self.fps, self.refs = [], [], []
+        self.sizes = [a.nbytes for a in arrays]
+        self.resident_bytes = 0
+        for i, arr in enumerate(arrays):
+            meta, buf = wire.to_wire(arr)
+            self.items.append((meta, buf))
+            fp = fingerprint(meta, buf) if worth_keeping(arr) else None
+            self.fps.append(fp)
+            if fp is not None and fp in mirror:
+                self.refs.append(i)
+                self.resident_bytes += arr.nbytes
+
+
+def _signature(rec: Record) -> tuple:
+    """What a verification mismatch pins to local: the op with these dtypes and ranks."""
+    return rec.op, tuple(rec.dtypes), tuple(len(s) for s in rec.shapes)

@@ -67,7 +67,7 @@ def numpy_worker(max_bytes: int | None = None) -> Any:
         "dot": lambda t, p: [raw(np.dot)(t[0], t[1])],
         "linalg.solve": lambda t, p: [raw(np.linalg.solve)(t[0], t[1])],
         "linalg.inv": lambda t, p: [raw(np.linalg.inv)(t[0])],
-        "fft.fft": lambda t, p: [raw(np.fft.fft)(t[0], n=p["n"], axis=p["axis"], norm=p["norm"])],
+        "fft.fft1": lambda t, p: [raw(getattr(np.fft, p["kind"]))(t[0], n=p["n"], axis=p["axis"], norm=p["norm"])],
     }
 
     class NumpyBackend:
@@ -147,11 +147,11 @@ def run_worker(bind: str, rate: float, seed: int, log: str | None, delay: float 
         worker.kernels[kid] = wrapped
     real_send = server.send_frames
 
-    def send(sock: Any, frames: Any, prefix: Any = ()) -> None:
+    def send(sock: Any, frames: Any, prefix: Any = ()) -> int:
         inj.at("before_reply")
         if inj.suppress:
             inj.suppress = False
-            return
+            return 0
         if inj.plan is not None and inj.plan[0] == "mid_reply" and len(frames) > 1:
             for part in [*prefix, frames[0]]:
                 sock.send(part, zmq.SNDMORE)
@@ -159,11 +159,12 @@ def run_worker(bind: str, rate: float, seed: int, log: str | None, delay: float 
             rest = list(frames[1:])
             for i, part in enumerate(rest):
                 sock.send(part, zmq.SNDMORE if i < len(rest) - 1 else 0)
-            return
+            return sum(f.nbytes if hasattr(f, "nbytes") else len(f) for f in frames)
         if inj.plan is not None and inj.plan[0] == "mid_reply":
             inj.plan = ("after_reply", inj.plan[1])  # a header-only reply has no middle
-        real_send(sock, frames, prefix)
+        sent = real_send(sock, frames, prefix)
         inj.at("after_reply")
+        return sent
 
     server.send_frames = send  # the loop looks it up at each reply
 

@@ -114,12 +114,17 @@ def _reset_after_fork() -> None:
 os.register_at_fork(after_in_child=_reset_after_fork)
 
 
-def send_frames(sock: zmq.Socket, frames: Sequence[Any], prefix: Sequence[bytes] = ()) -> None:
+def frame_bytes(frame: Any) -> int:
+    return frame.nbytes if hasattr(frame, "nbytes") else len(frame)
+
+
+def send_frames(sock: zmq.Socket, frames: Sequence[Any], prefix: Sequence[bytes] = ()) -> int:
+    """Send a multipart message; returns the bytes of ``frames`` (the prefix is routing, not payload)."""
     parts = [*prefix, *frames]
     last = len(parts) - 1
     for i, part in enumerate(parts):
-        nbytes = part.nbytes if hasattr(part, "nbytes") else len(part)
-        sock.send(part, zmq.SNDMORE if i < last else 0, copy=nbytes < wire.ZERO_COPY_MIN)
+        sock.send(part, zmq.SNDMORE if i < last else 0, copy=frame_bytes(part) < wire.ZERO_COPY_MIN)
+    return sum(frame_bytes(f) for f in frames)
 
 
 class Channel:
@@ -175,6 +180,11 @@ class Channel:
             if curve is not None:
                 sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = curve
             sock.connect(url)
+        self.pulse_up = False
+        # what the last request() put on and took off this socket, counted at the socket (issue 7)
+        self.last_send_s = 0.0
+        self.last_bytes_sent = 0
+        self.last_bytes_received = 0
 
     def _events(self, data_only: bool = False) -> None:
         """Read the monitors (never blocks) into the connection state. For the pulse only the state
@@ -236,7 +246,10 @@ class Channel:
             mark = self.disconnects
             if self.handshakes and not self.up:
                 raise WorkerLost(f"connection to {self.url} is down (lost since the last call, not yet back)")
-            send_frames(self.sock, frames)
+            t = time.perf_counter()
+            self.last_bytes_sent = send_frames(self.sock, frames)
+            self.last_send_s = time.perf_counter() - t
+            self.last_bytes_received = 0
             return self._wait(rid, deadline, alive, mark)
         except zmq.ZMQError as exc:
             raise TransportError(f"socket error: {exc}") from None
@@ -255,6 +268,7 @@ class Channel:
                     raise problem
                 continue
             reply = self.sock.recv_multipart(copy=False)
+            self.last_bytes_received += sum(frame_bytes(f) for f in reply)
             try:
                 header, arrays = wire.decode(reply)
             except wire.WireError as exc:

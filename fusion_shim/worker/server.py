@@ -12,10 +12,15 @@ Issue 8 (security and faults):
   the socket as well, so a larger frame is dropped with its connection before it is buffered.
 - A call declares its results; they count against the budget before the kernel runs, FFT sizes
   (``n``, ``s``) must fit them, and a kernel that returns anything else is answered with an error.
-- Out of memory: caches are freed and the call is tried once more, then answered with an
-  ``out_of_memory`` error (the client computes it locally). There is no resident store yet to
-  evict (issue 6); freeing means the allocator's cache.
+- Out of memory: the resident store is emptied (but for this call's inputs), caches are freed and
+  the call is tried once more, then answered with an ``out_of_memory`` error (the client computes
+  it locally).
 - ``hello`` runs a health check through the same path as a call and compares the answer exactly.
+
+Issue 6 (residency): inputs a client tags with a fingerprint and results of at least
+``residency.RESIDENT_MIN`` bytes stay on the device in :class:`.store.ResidentStore`; a reference
+the store does not hold is answered ``missing``. A backend without ``to_device`` / ``compute`` /
+``to_host`` (a test backend) keeps nothing and answers every reference ``missing``.
 """
 from __future__ import annotations
 
@@ -30,7 +35,9 @@ import numpy as np
 import zmq
 
 from .. import wire
+from ..residency import RESIDENT_MIN, fingerprint
 from ..transport import context, is_loopback, send_frames
+from .store import ResidentStore, default_budget
 
 MAX_MESSAGE_BYTES = 1 << 36
 ALIGN = 16  # bytes: inputs a CPU kernel reads in place start at a multiple of this
@@ -45,7 +52,8 @@ class Worker:
     """``backend`` and ``kernels`` default to torch (:mod:`.kernels`); tests may give a NumPy pair
     (a backend has ``device``, ``warm()``, ``run(kernel, arrays, params, layouts)``)."""
 
-    def __init__(self, device: str = "auto", test_delay: float = 0.0, *, max_bytes: int = MAX_MESSAGE_BYTES,
+    def __init__(self, device: str = "auto", test_delay: float = 0.0, test_corrupt: bool = False,
+                 memory_budget: int | None = None, *, max_bytes: int = MAX_MESSAGE_BYTES,
                  backend: Any = None, kernels: dict | None = None):
         if backend is None:
             from .kernels import KERNELS, TorchBackend  # torch only here, on the worker side
@@ -55,13 +63,21 @@ class Worker:
         self.backend = backend
         self.max_bytes = max_bytes
         self.test_delay = test_delay  # test-only: hold every call this long, to kill it mid-call
+        self.test_corrupt = test_corrupt  # test-only: return wrong answers, for verification tests
+        self.traffic = {"calls": 0, "bytes_in": 0, "bytes_out": 0}  # call messages, counted at the socket
         self.info: dict[str, Any] = {}
+        self.last_was_call = False
+        self.resident = hasattr(backend, "compute")  # residency needs a device-level backend (issue 6)
+        budget = memory_budget if memory_budget is not None else (
+            default_budget(backend.device) if self.resident else 0)
+        self.store = ResidentStore(budget)
 
     def warm(self) -> None:
         bench = self.backend.warm()
         torch = sys.modules.get("torch")  # loaded by the torch backend; a test backend has none
         self.info = {"pid": os.getpid(), "device": str(self.backend.device),
-                     "torch": getattr(torch, "__version__", "none"), "bench": bench, "test_delay": self.test_delay}
+                     "torch": getattr(torch, "__version__", "none"), "bench": bench, "test_delay": self.test_delay,
+                     "test_corrupt": self.test_corrupt, "memory_budget": self.store.budget}
 
     def health(self) -> str | None:
         """A small matmul through the call path (to the device and back), its answer checked
@@ -77,10 +93,14 @@ class Worker:
     def handle(self, frames: list) -> list:
         """One request in, one reply out; never raises."""
         rid = 0
+        self.last_was_call = False
         try:
             header, arrays = wire.decode(frames, max_bytes=self.max_bytes)
             rid = header["id"]
             kind = header["t"]
+            self.last_was_call = kind == "call"
+            if kind == "stats":
+                return wire.encode({"t": "stats", "id": rid, **self.traffic, **self.store.stats()})
             if kind == "hello":
                 t = time.perf_counter()
                 sick = self.health()
@@ -104,7 +124,8 @@ class Worker:
             return _error(rid, "bad_request", "WireError", "a call needs 'params' with 'cdtype' and 'layouts'")
         if not isinstance(params["cdtype"], str) or params["cdtype"] not in wire.DTYPES:
             return _error(rid, "bad_request", "WireError", f"cdtype {params['cdtype']!r} is not accepted")
-        declared = wire.declared_results(header.get("results"), self.max_bytes - sum(a.nbytes for a in arrays))
+        declared = wire.declared_results(
+            header.get("results"), self.max_bytes - sum(a.nbytes for a in arrays if not isinstance(a, wire.Ref)))
         if len(declared) != len(layouts):
             return _error(rid, "bad_request", "WireError", f"{len(declared)} declared results, {len(layouts)} layouts")
         too_big = _size_params_over(header["op"], params, declared)
@@ -112,10 +133,20 @@ class Worker:
             return _error(rid, "bad_request", "WireError", too_big)
         if self.test_delay:
             time.sleep(self.test_delay)
-        if _host_kernels(self.backend):
-            arrays = [_aligned(a) for a in arrays]
+        extra: dict[str, Any] = {}
         try:
-            results, timing = self._run(kernel, arrays, params, layouts)
+            if self.resident:
+                results, timing, extra = self._run_resident(kernel, header, arrays, params, layouts)
+                if "missing" in extra:
+                    return _error(rid, "missing", "KeyError", f"{len(extra['missing'])} inputs are not held here",
+                                  missing=extra["missing"])
+            else:
+                refs = [a.fp for a in arrays if isinstance(a, wire.Ref)]
+                if refs:
+                    return _error(rid, "missing", "KeyError", "this worker keeps nothing", missing=refs)
+                if _host_kernels(self.backend):
+                    arrays = [_aligned(a) for a in arrays]
+                results, timing = self._run(kernel, arrays, params, layouts)
         except Exception as exc:
             kind = "out_of_memory" if _is_oom(exc) else "kernel_error"
             return _error(rid, kind, type(exc).__name__, str(exc)[:2000])
@@ -124,7 +155,69 @@ class Worker:
             return _error(rid, "kernel_error", "ResultMismatch",
                           f"kernel made {[f'{d.str}{list(s)}' for d, s in got]}, the call declared "
                           f"{[f'{d.str}{list(s)}' for d, s in declared]}")
-        return wire.encode({"t": "result", "id": rid, "timing": timing}, results)
+        fps = extra.pop("fps", None)
+        if self.test_corrupt:
+            results, fps = [_corrupt(r) for r in results], None
+        return wire.encode({"t": "result", "id": rid, "timing": timing, **extra}, results, fps=fps)
+
+    def _run_resident(self, kernel: Any, header: dict, arrays: list, params: dict,
+                      layouts: list) -> tuple[list, dict, dict]:
+        """Inputs from the store or the message, the kernel on the device, results kept when asked
+        (issue 6). Out of memory: the store is emptied but for this call's inputs, and the call
+        runs once more (issue 8)."""
+        metas = header["arrays"]
+        t0 = time.perf_counter()
+        tensors, missing = [], []
+        for a in arrays:
+            if isinstance(a, wire.Ref):
+                t = self.store.get(a.fp, {"dtype": a.dtype.str, "shape": list(a.shape), "order": a.order})
+                if t is None:
+                    missing.append(a.fp)
+                tensors.append(t)
+            else:
+                tensors.append(self.backend.to_device(a))
+        if missing:
+            return [], {}, {"missing": missing}
+        held = {m["fp"] for m in metas if "fp" in m}  # this call's inputs: never evicted by it
+        evicted: list = []
+        for meta, a, t in zip(metas, arrays, tensors):
+            if "fp" in meta and not isinstance(a, wire.Ref):
+                evicted += self.store.put(meta["fp"], t, meta, held)
+        self.backend.sync()
+        t1 = time.perf_counter()
+        timing: dict[str, float] = {}
+        try:
+            results = self.backend.compute(kernel, tensors, params, layouts)
+        except Exception as exc:
+            if not _is_oom(exc):
+                raise
+            evicted += self.store.evict_all(except_=held)
+            _free_memory(self.backend)
+            results = self.backend.compute(kernel, tensors, params, layouts)
+            timing["oom_retry"] = 1.0
+        self.backend.sync()
+        t2 = time.perf_counter()
+        out = self.backend.to_host(results)
+        t3 = time.perf_counter()
+        timing.update(h2d=t1 - t0, kernel=t2 - t1, d2h=t3 - t2)
+        extra: dict[str, Any] = {"evicted": evicted}
+        if header.get("keep") is True and not self.test_corrupt:  # keep results, say their fingerprints
+            extra["fps"], extra["evicted"] = self._keep(results, out, held, evicted)
+            timing["fingerprint"] = time.perf_counter() - t3
+        extra["kept"] = [fp for fp in held if fp in self.store]  # what the client may send by reference
+        return out, timing, extra
+
+    def _keep(self, results: list, out: list, held: set, evicted: list) -> tuple[list, list]:
+        fps: list = []
+        for dev, host in zip(results, out):
+            if host.nbytes < RESIDENT_MIN or not (host.flags.c_contiguous or host.flags.f_contiguous):
+                fps.append(None)  # small, or travelling as a copy: the bytes sent would not be ``dev``
+                continue
+            meta, buf = wire.to_wire(host)
+            fp = fingerprint(meta, buf)
+            evicted = evicted + self.store.put(fp, dev, meta, held)
+            fps.append(fp if fp in self.store else None)  # too large for the budget: not kept
+        return fps, evicted
 
     def _run(self, kernel: Any, arrays: list, params: dict, layouts: list) -> tuple[list, dict]:
         """Run once; out of memory: free what can be freed and run once more (issue 8)."""
@@ -192,8 +285,17 @@ def _size_params_over(op: str, params: dict, declared: list) -> str | None:
     return None
 
 
-def _error(rid: int, kind: str, exc: str, msg: str) -> list:
-    return wire.encode({"t": "error", "id": rid, "kind": kind, "exc": exc, "msg": msg})
+def _corrupt(a: Any) -> Any:
+    """TEST ONLY (--test-corrupt): a wrong answer of the right type, one element off."""
+    a = a.copy()
+    if a.size:
+        flat = a.reshape(-1)
+        flat[0] = flat[0] + (1 if a.dtype.kind in "biu" else 1e-3 * (abs(flat[0]) + 1))
+    return a
+
+
+def _error(rid: int, kind: str, exc: str, msg: str, **extra: Any) -> list:
+    return wire.encode({"t": "error", "id": rid, "kind": kind, "exc": exc, "msg": msg, **extra})
 
 
 INSECURE_WARNING = """\
@@ -251,7 +353,11 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
                 on_request(frames[1:])
             reply = worker.handle(frames[1:])
             try:
-                send_frames(sock, reply, prefix=[frames[0].bytes])
+                sent = send_frames(sock, reply, prefix=[frames[0].bytes])
+                if worker.last_was_call:
+                    worker.traffic["calls"] += 1
+                    worker.traffic["bytes_in"] += sum(f.nbytes if hasattr(f, "nbytes") else len(f) for f in frames[1:])
+                    worker.traffic["bytes_out"] += sent or 0
             except zmq.ZMQError as exc:  # the client vanished between request and reply
                 print(f"fusion_shim worker: reply not sent: {exc}", file=sys.stderr)
     finally:
@@ -273,14 +379,17 @@ def _alive(pid: int) -> bool:
 
 
 def serve_in_thread(url: str, device: str = "auto", test_delay: float = 0.0, worker: Worker | None = None,
+                    test_corrupt: bool = False, memory_budget: int | None = None,
                     **serve_kwargs: Any) -> tuple[threading.Thread, threading.Event]:
     """A worker in a thread of this process (``inproc://`` URLs, or a socket): for tests and
-    debugging. Returns once it is bound."""
+    debugging. Returns once it is bound. The Worker object is ``thread.worker`` (tests look into
+    its resident store)."""
     stop = threading.Event()
     bound = threading.Event()
-    worker = Worker(device, test_delay) if worker is None else worker
+    worker = Worker(device, test_delay, test_corrupt, memory_budget) if worker is None else worker
     thread = threading.Thread(target=serve, args=(url, worker), kwargs={"stop": stop, "ready": bound, **serve_kwargs},
                               name="fusion-shim-worker", daemon=True)
+    thread.worker = worker
     thread.start()
     while not bound.wait(0.05):
         if not thread.is_alive():

@@ -1,0 +1,69 @@
+"""The op catalog: one row of data per intercepted function (issue 4: all of numpy.linalg and
+numpy.fft, the product family, and scipy.linalg / scipy.fft when SciPy is imported).
+
+A row (:class:`OpSpec`) says where the function lives, which of its parameters are arrays, which
+other parameters its rule understands, which kernel the worker runs, and which module's import
+patches it. Its *rule* turns a call into a :class:`Prepared` call or raises :class:`Unsupported`
+with the reason the call runs locally (see :mod:`.base`). Adding an op is adding a row, a rule if
+no existing one fits, and a kernel on the worker. Rows live by family in :mod:`.products`,
+:mod:`.linalg`, :mod:`.fft` and :mod:`.scipy`.
+
+Every public function of numpy.linalg and numpy.fft is a row or is listed in
+:data:`NOT_OFFLOADED` with the reason it stays local (a test holds the two together). Each row is
+checked against the real function's signature when the interceptor wraps it (:func:`check_signature`).
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+from . import fft, linalg, products, scipy
+from .base import OpSpec, Prepared, Unsupported
+from .products import OPERATOR_SIGNATURES, OPERATORS
+
+__all__ = ["BY_NAME", "CATALOG", "NOT_OFFLOADED", "OpSpec", "Prepared", "Unsupported", "check_signature",
+           "prepare"]
+
+CATALOG: tuple[OpSpec, ...] = products.ROWS + linalg.ROWS + fft.ROWS + scipy.ROWS
+BY_NAME = {spec.name: spec for spec in CATALOG}
+
+# Public functions of numpy.linalg and numpy.fft that are not rows, and why. (LinAlgError is an
+# exception class and ``test`` NumPy's test runner: neither is an array operation.)
+NOT_OFFLOADED: dict[str, str] = {
+    "numpy.linalg.diagonal": "returns a view of its input: a copy from the worker would not alias it",
+    "numpy.linalg.matrix_transpose": "returns a view of its input (a stride change, no arithmetic)",
+    "numpy.fft.fftfreq": "builds sample frequencies from a length: no input array, no transform",
+    "numpy.fft.rfftfreq": "builds sample frequencies from a length: no input array, no transform",
+    "numpy.fft.fftshift": "an index roll (a copy): cheaper here than the bytes it would move",
+    "numpy.fft.ifftshift": "an index roll (a copy): cheaper here than the bytes it would move",
+}
+NOT_ARRAY_FUNCTIONS = frozenset({"numpy.linalg.LinAlgError", "numpy.linalg.test", "numpy.fft.test"})
+
+
+def check_signature(spec: OpSpec, func: Callable) -> inspect.Signature:
+    """The row must name parameters the real function has; a library that changed them is caught
+    at install, and the row is left unwrapped rather than misread."""
+    sig = inspect.signature(func)
+    names = set(sig.parameters)
+    missing = [p for p in spec.args + spec.params if p not in names]
+    if missing:
+        raise TypeError(f"{spec.name}: catalog parameters {missing} are not in the signature {sig}")
+    return sig
+
+
+def prepare(spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict) -> Prepared:
+    """Bind a call the way Python would and apply the row's rule; Unsupported says why not."""
+    try:
+        ba = sig.bind(*args, **kwargs)
+    except TypeError as exc:
+        raise Unsupported(f"arguments do not bind: {exc}") from None
+    extra: Any = ba.arguments.get("kwargs") or {}
+    unknown = sorted(set(ba.arguments) - set(spec.args) - set(spec.params) - {"kwargs"}) + sorted(extra)
+    if unknown:
+        raise Unsupported(f"unsupported keyword {unknown[0]}")
+    try:
+        return spec.rule(spec, ba)
+    except Unsupported:
+        raise
+    except Exception as exc:  # a rule that trips over an argument it did not foresee: local, and said
+        raise Unsupported(f"rule error: {type(exc).__name__}: {exc}"[:300]) from None

@@ -1,0 +1,146 @@
+"""The catalog as data (issue 4): every public function of numpy.linalg and numpy.fft is a row or
+is listed as not offloaded with its reason; every row matches the installed library's signature,
+names a kernel the worker has and a trigger module the interceptor hooks; a rule that trips over
+an argument makes the call local instead of raising; and the worker refuses the decisions another
+LAPACK could take the other way (``NotReproducible``)."""
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import numpy as np
+import numpy.fft
+import numpy.linalg
+import pytest
+
+from fusion_shim import intercept
+from fusion_shim.catalog import BY_NAME, CATALOG, NOT_ARRAY_FUNCTIONS, NOT_OFFLOADED, OpSpec, Unsupported, \
+    check_signature, prepare
+
+torch = pytest.importorskip("torch")
+from fusion_shim.worker import kernels  # noqa: E402  (the worker side needs torch)
+
+
+def _public_functions(module) -> set[str]:
+    return {f"{module.__name__}.{name}" for name in dir(module)
+            if not name.startswith("_") and callable(getattr(module, name))}
+
+
+@pytest.mark.parametrize("module", [numpy.linalg, numpy.fft], ids=["numpy.linalg", "numpy.fft"])
+def test_every_public_function_is_a_row_or_says_why_not(module):
+    public = _public_functions(module) - NOT_ARRAY_FUNCTIONS
+    rows = {spec.name for spec in CATALOG}
+    unaccounted = sorted(public - rows - set(NOT_OFFLOADED))
+    assert not unaccounted, f"neither a row nor in NOT_OFFLOADED: {unaccounted}"
+
+
+def test_not_offloaded_names_exist_have_reasons_and_are_not_rows():
+    for name, reason in NOT_OFFLOADED.items():
+        module, _, attr = name.rpartition(".")
+        assert callable(getattr(importlib.import_module(module), attr)), name
+        assert name not in BY_NAME, f"{name} is a row and listed as not offloaded"
+        assert len(reason) > 20, f"{name}: say why"
+    for name in NOT_ARRAY_FUNCTIONS:
+        module, _, attr = name.rpartition(".")
+        assert hasattr(importlib.import_module(module), attr), name
+
+
+def test_rows_are_unique_and_named_after_where_they_live():
+    names = [spec.name for spec in CATALOG]
+    assert len(names) == len(set(names))
+    for spec in CATALOG:
+        assert spec.name == f"{spec.module}.{spec.attr}", spec.name
+        assert spec.module == spec.trigger or spec.module.startswith(spec.trigger + "."), spec.name
+
+
+def test_every_trigger_is_hooked_by_the_interceptor():
+    assert {spec.trigger for spec in CATALOG} == set(intercept.TRIGGERS)
+    assert intercept.TRIGGERS[0] == "numpy"  # NumPy's hook creates the runtime; the others follow it
+
+
+@pytest.mark.parametrize("spec", CATALOG, ids=lambda s: s.name)
+def test_row_matches_the_installed_signature_and_has_a_kernel(spec):
+    if spec.trigger != "numpy":
+        pytest.importorskip(spec.trigger)
+    func = getattr(importlib.import_module(spec.module), spec.attr)
+    func = getattr(func, "__wrapped__", func) if type(func).__name__ in ("FunctionWrapper", "FunctionProxy") else func
+    sig = check_signature(spec, func)
+    assert spec.args and all(a in sig.parameters for a in spec.args)
+    assert spec.kernel_id in kernels.KERNELS, f"{spec.name}: no kernel {spec.kernel_id!r} on the worker"
+    assert spec.family in ("products", "linalg", "fft")
+
+
+def test_a_rule_that_trips_makes_the_call_local():
+    def clumsy(spec, ba):
+        return {}["missing"]  # a bug in a rule, not the caller's error
+
+    spec = OpSpec("numpy.dot", "numpy", "dot", "products", clumsy, ("out",))
+    with pytest.raises(Unsupported, match="rule error: KeyError"):
+        prepare(spec, inspect.signature(np.dot), (np.ones(2), np.ones(2)), {})
+
+
+def test_unknown_keywords_stay_local():
+    spec = BY_NAME["numpy.einsum"]
+    with pytest.raises(Unsupported, match="unsupported keyword dtype"):
+        prepare(spec, inspect.signature(np.einsum), ("ij,jk", np.ones((2, 2)), np.ones((2, 2))),
+                {"dtype": np.float32})
+
+
+def test_linalg_computes_in_double_and_returns_numpys_type():
+    """numpy.linalg runs LAPACK in double and casts single-precision results back: the row asks the
+    worker for exactly that."""
+    spec = BY_NAME["numpy.linalg.inv"]
+    prep = prepare(spec, inspect.signature(np.linalg.inv), (np.eye(3, dtype=np.float32) * 2,), {})
+    assert prep.params["cdtype"] == np.dtype("f8").str and prep.params["rdtypes"] == [np.dtype("f4").str]
+    assert prep.results[0][0] == np.float32
+    spec = BY_NAME["numpy.linalg.solve"]
+    prep = prepare(spec, inspect.signature(np.linalg.solve), (np.eye(3, dtype=">c8"), np.ones(3, np.int64)), {})
+    assert prep.params["cdtype"] == np.dtype("c16").str and prep.results[0][0] == np.complex128
+
+
+# --- the worker's refusals -------------------------------------------------------------------------
+
+def t(x, dtype=torch.float64):
+    return torch.tensor(np.asarray(x), dtype=dtype)
+
+
+def test_worker_refuses_a_nearly_singular_solve_but_not_a_well_posed_one():
+    with pytest.raises(kernels.NotReproducible):
+        kernels._solve([t([[1.0, 2.0], [2.0, 4.0 + 1e-17]]), t([1.0, 1.0])], {})
+    x = kernels._solve([t([[2.0, 1.0], [1.0, 3.0]]), t([1.0, 2.0])], {})[0]
+    np.testing.assert_allclose(x.numpy(), np.linalg.solve([[2.0, 1.0], [1.0, 3.0]], [1.0, 2.0]))
+
+
+def test_worker_decides_eig_realness_only_when_it_is_clear_cut():
+    rotation = t([[0.0, -1.0], [1.0, 0.0]])  # eigenvalues +-i: clearly complex
+    assert kernels._eig([rotation], {"vectors": False, "real_input": True})[0].imag.abs().max() == 1
+    distinct = t([[1.0, 5.0], [0.0, 2.0]])  # 1 and 2: clearly real
+    kernels._eig([distinct], {"vectors": True, "real_input": True})
+    jordan = t([[1.0, 1.0], [0.0, 1.0]])  # a double eigenvalue: another LAPACK may split it
+    with pytest.raises(kernels.NotReproducible):
+        kernels._eig([jordan], {"vectors": True, "real_input": True})
+    stack = torch.stack([jordan, rotation])  # one clearly complex eigenvalue decides for the stack
+    kernels._eig([stack], {"vectors": False, "real_input": True})
+
+
+def test_worker_refuses_a_singular_value_next_to_the_cutoff():
+    s = torch.tensor([1.0, 0.5, 3e-16], dtype=torch.float64)
+    with pytest.raises(kernels.NotReproducible):
+        kernels._check_cut(s, 3 * 2.2e-16, 3)  # matrix_rank's default tolerance for 3x3: too close
+    kernels._check_cut(s, 1e-3, 3)  # far from every singular value
+    kernels._check_cut(torch.zeros(3, dtype=torch.float64), 0.0, 3)  # the zero matrix: exactly rank 0
+
+
+def test_worker_refuses_non_finite_input():
+    with pytest.raises(kernels.NotReproducible):
+        kernels._inv([t([[1.0, np.nan], [0.0, 1.0]])], {})
+
+
+def test_scipy_condition_estimate_is_a_lower_bound_close_to_the_truth():
+    rng = np.random.default_rng(0)
+    for n in (2, 5, 20):
+        a = torch.tensor(rng.standard_normal((n, n)))
+        solve, solve_h = kernels._s_factor(a, "gen")
+        est = float(kernels._inv_norm1_estimate(solve, solve_h, a))
+        exact = float(np.abs(np.linalg.inv(a.numpy())).sum(0).max())
+        assert exact / 3 <= est <= exact * (1 + 1e-12), (n, est, exact)

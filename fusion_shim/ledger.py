@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 MAX_RECORDS = 10_000  # full records kept in all
-MAX_PER_SITE = 200    # ... and per call site; past it a site is only aggregated (long loops)
+MAX_PER_SITE = 2_000  # ... and per call site; past it a site is only aggregated (long loops)
 # Production phases in the order a call goes through them. "verify" (a check's local recompute) is
 # kept apart: it is reported on its own line, never inside these (issue 7).
 PHASES = ("wait_ready", "fingerprint", "encode", "send", "transfer", "h2d", "kernel", "d2h", "decode", "local")

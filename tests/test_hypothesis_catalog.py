@@ -33,6 +33,7 @@ import fusion_shim
 from conftest import last_record
 from diffutil import assert_meta, check_result, lay_out, op, original, outcome
 from fusion_shim.catalog import CATALOG
+from fusion_shim.intercept import bypassed
 
 scipy_linalg = pytest.importorskip("scipy.linalg")
 scipy_fft = pytest.importorskip("scipy.fft")
@@ -828,7 +829,8 @@ def run_call(shim: Any, name: str, call: Call) -> str:
     snapshot = [x.copy() for x in _arrays(call.args)]
     kw_exp, kw_got = _materialize(call.kwargs), _materialize(call.kwargs)
     n_before = len(shim.ledger.records)
-    exp, exp_exc, exp_warn = _warned(lambda: orig(*call.args, **kw_exp))
+    with bypassed():  # the library's own answer: its internal `x.dot(y)` is not the shim's either
+        exp, exp_exc, exp_warn = _warned(lambda: orig(*call.args, **kw_exp))
     assert len(shim.ledger.records) == n_before, "the library's own call was intercepted"
     got, got_exc, got_warn = _warned(lambda: fn(*call.args, **kw_got))
     rec = last_record(shim)
@@ -911,7 +913,7 @@ TOTALS: dict[str, dict[str, int]] = {}
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 def test_row(shim, name):
     assert fusion_shim.active() is shim
-    shim.ledger.records.clear()
+    shim.ledger.clear()
     counts = run_row(shim, name, EXAMPLES)
     TOTALS[name] = counts
     ran = sum(counts.values())

@@ -49,7 +49,7 @@ def shim(socket_worker):
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 def test_row_over_ipc(shim, socket_worker, name):
-    shim.ledger.records.clear()
+    shim.ledger.clear()
     counts = run_row(shim, name, EXAMPLES)
     assert sum(counts.values()) >= EXAMPLES - 1, counts
     remote = [r for r in shim.ledger.records if r.kind == "worker"]

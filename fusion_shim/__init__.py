@@ -33,6 +33,13 @@ def report() -> dict[str, Any] | None:
     return _report.build(rt)
 
 
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext fusion_shim``: registers the ``%%fusion_shim`` cell magic."""
+    from .ipython import load_ipython_extension as load
+
+    load(ipython)
+
+
 def __getattr__(name: str) -> Any:
     if name == "FallbackError":  # lives with the runtime, which imports numpy and zmq
         from .runtime import FallbackError

@@ -2,7 +2,8 @@
 
     python -m fusion_shim [options] app.py [args...]
     python -m fusion_shim [options] -m package.module [args...]
-    fusion-shim worker --bind URL [--device auto|cpu|cuda:N]
+    fusion-shim worker --bind URL [--device auto|cpu|cuda:N] [--keys DIR | --insecure]
+    fusion-shim keys DIR [--client NAME ...]
     fusion-shim report run.json
 
 The program sees what plain ``python`` would give it: ``sys.argv``, ``__name__ == "__main__"``,
@@ -19,20 +20,26 @@ from typing import Any
 
 USAGE = """\
 usage: python -m fusion_shim [options] (app.py | -m module) [args...]
-       fusion-shim worker --bind URL [--device auto|cpu|cuda:N]
-       fusion-shim report run.json
+       fusion-shim worker --bind URL [--device auto|cpu|cuda:N] [--keys DIR | --insecure]
+       fusion-shim keys DIR [--client NAME ...]
+       fusion-shim report run.json [--what-if bandwidth=B,rtt=S,speedup=X] [--trace PATH]
 
 options (each also a FUSION_SHIM_* variable):
   --policy auto|local|remote   where calls run (default auto)
   --worker URL                 a running worker (ipc://, tcp://); default: start one in the background
   --device auto|cpu|cuda:N     device of the embedded worker
   --report PATH                write the report as JSON to PATH
+  --trace PATH                 write a Chrome-trace timeline (open it in https://ui.perfetto.dev)
+  --verify FRACTION|all        also compute that share of worker answers here and compare them
   --timeout SECONDS            a remote call not answered by then is computed locally (default 60)
   --ready-timeout SECONDS      how long --policy remote waits for a warming worker (default 120)
   --quiet                      no report table on stderr
   --strict                     raise FallbackError where a call would fall back to local
+  --server-key PATH            the worker's public key file (a worker serving with --keys)
+  --client-keys PATH           this client's .key_secret file (its name in the worker's allow-list)
 """
-RUN_OPTIONS = ("policy", "worker", "device", "report", "timeout", "ready-timeout", "min-flops")
+RUN_OPTIONS = ("policy", "worker", "device", "report", "trace", "verify", "timeout", "ready-timeout", "min-flops",
+               "server-key", "client-keys")
 RUN_FLAGS = ("quiet", "strict")
 
 
@@ -83,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         return worker_main(argv[1:])
     if argv[0] == "report":
         return report_main(argv[1:])
+    if argv[0] == "keys":
+        return keys_main(argv[1:])
     from .config import Config, ConfigError
 
     try:
@@ -218,9 +227,21 @@ def worker_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="fusion-shim worker", description="Serve kernels to fusion_shim clients.")
     parser.add_argument("--bind", required=True, help="ipc:///path, tcp://127.0.0.1:PORT, or inproc://name")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--keys", metavar="DIR", default=None,
+                        help="serve with CURVE: DIR/server.key_secret and the allow-list DIR/authorized "
+                             "(made by `fusion-shim keys DIR`); needed to bind a network address")
+    parser.add_argument("--insecure", action="store_true",
+                        help="allow a network address WITHOUT authentication (warns loudly)")
+    parser.add_argument("--max-bytes", type=int, default=None,
+                        help="largest message accepted, in bytes (default 64 GiB)")
     parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--test-delay", type=float, default=0.0,
                         help="TEST ONLY: hold every call this many seconds (fault-injection tests)")
+    parser.add_argument("--memory-budget", type=_size, default=None,
+                        help="bytes the resident store may hold (e.g. 2G, 512M); default: half the GPU, "
+                             "or a quarter of RAM up to 8G on the CPU")
+    parser.add_argument("--test-corrupt", action="store_true",
+                        help="TEST ONLY: return wrong answers (verification tests)")
     opts = parser.parse_args(argv)
     from .config import ConfigError, _device
 
@@ -228,22 +249,97 @@ def worker_main(argv: list[str]) -> int:
         device = _device("--device", opts.device)
     except ConfigError as exc:
         parser.error(str(exc))
+    if opts.keys is not None and opts.insecure:
+        parser.error("--keys and --insecure exclude each other")
+    from .auth import KeyFileError
     from .worker import Worker, serve
+    from .worker.server import MAX_MESSAGE_BYTES
 
-    print(f"fusion_shim worker: binding {opts.bind} (device {device})", file=sys.stderr, flush=True)
-    serve(opts.bind, Worker(device, opts.test_delay), parent_pid=opts.parent_pid)
+    max_bytes = MAX_MESSAGE_BYTES if opts.max_bytes is None else opts.max_bytes
+    if max_bytes <= 0:
+        parser.error("--max-bytes must be > 0")
+    security = f"CURVE, clients from {opts.keys}" if opts.keys else "no authentication"
+    print(f"fusion_shim worker: binding {opts.bind} (device {device}; {security})", file=sys.stderr, flush=True)
+    if opts.test_corrupt:
+        print("fusion_shim worker: TEST MODE --test-corrupt: every answer is wrong", file=sys.stderr, flush=True)
+    try:
+        serve(opts.bind, Worker(device, opts.test_delay, opts.test_corrupt, opts.memory_budget, max_bytes=max_bytes),
+              parent_pid=opts.parent_pid, keys=opts.keys, insecure=opts.insecure)
+    except KeyFileError as exc:
+        print(f"fusion-shim worker: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
+def keys_main(argv: list[str]) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="fusion-shim keys",
+                                     description="Make CURVE key pairs for a worker and its clients (files mode 0600).")
+    parser.add_argument("dir", help="directory for the keys (created 0700)")
+    parser.add_argument("--client", action="append", default=None, metavar="NAME",
+                        help="make a key pair for client NAME and allow it (repeatable; default: one named 'client' "
+                             "when the directory has no server keys yet)")
+    opts = parser.parse_args(argv)
+    from .auth import SERVER, KeyFileError, make_keys
+
+    clients = opts.client
+    if clients is None:
+        clients = [] if os.path.exists(os.path.join(opts.dir, SERVER + ".key_secret")) else ["client"]
+    try:
+        written = make_keys(opts.dir, clients)
+    except (KeyFileError, OSError) as exc:
+        print(f"fusion-shim keys: {exc}", file=sys.stderr)
+        return 1
+    for path in written["server"]:
+        print(f"wrote {path}")
+    for pair, allowed in zip(written["clients"], written["authorized"]):
+        print(f"wrote {pair}\nwrote {allowed}")
+    d = opts.dir
+    print(f"\nworker:  fusion-shim worker --bind tcp://0.0.0.0:5555 --keys {d}")
+    for pair in written["clients"]:
+        print(f"client:  FUSION_SHIM_SERVER_KEY={os.path.join(d, SERVER + '.key')} FUSION_SHIM_CLIENT_KEYS={pair}")
+    return 0
+
+
+def _size(text: str) -> int:
+    """``123``, ``512K``, ``64M``, ``2G`` (powers of 1024)."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    scale = units.get(t[-1:], 1)
+    number = t[:-1] if t[-1:] in units else t
+    try:
+        value = int(float(number) * scale)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size; valid: a number of bytes, or with K, M, G, T") from None
+    if value < 0:
+        raise ValueError("a size must be >= 0")
+    return value
+
+
 def report_main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: fusion-shim report run.json", file=sys.stderr)
-        return 2
-    from .report import render
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="fusion-shim report", description="Render a saved run's report.")
+    parser.add_argument("path", help="a JSON report written with --report")
+    parser.add_argument("--what-if", metavar="KEY=VALUE,...",
+                        help="re-price the run under another link/device (an estimate): bandwidth=B/s, rtt=s, speedup=x")
+    parser.add_argument("--trace", metavar="PATH", help="also write its Chrome-trace timeline to PATH")
+    opts = parser.parse_args(argv)
+    from .report import format_table, load
 
     try:
-        print(render(argv[0]))
-    except (OSError, ValueError) as exc:
+        report = load(opts.path)
+        print(format_table(report))
+        if opts.trace:
+            from .report.trace import write_trace
+
+            write_trace(report, opts.trace)
+        if opts.what_if:
+            from .report.whatif import LinkProfile, format_whatif, reprice
+
+            print(format_whatif(reprice(report, LinkProfile.parse(opts.what_if))))
+    except (OSError, ValueError, KeyError) as exc:
         print(f"fusion-shim report: {exc}", file=sys.stderr)
         return 1
     return 0

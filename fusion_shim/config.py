@@ -61,6 +61,21 @@ def _choice(choices: tuple[str, ...]) -> Callable[[str, str], str]:
     return parse
 
 
+def _fraction(name: str, raw: str) -> float:
+    value = raw.strip().lower()
+    if value == "all":
+        return 1.0
+    if value in ("none", "off", ""):
+        return 0.0
+    try:
+        frac = float(value)
+    except ValueError:
+        frac = -1.0
+    if not 0.0 <= frac <= 1.0:
+        raise ConfigError(f"{name}={raw!r} is invalid; valid: a fraction between 0 and 1, all, none")
+    return frac
+
+
 def _device(name: str, raw: str) -> str:
     value = raw.strip().lower()
     if value in ("auto", "cpu", "cuda"):
@@ -86,6 +101,32 @@ def _text(name: str, raw: str) -> str | None:
     return raw or None
 
 
+def _server_key(name: str, raw: str) -> str | None:
+    """A file holding the worker's CURVE public key (``server.key`` from ``fusion-shim keys``)."""
+    if not raw.strip():
+        return None
+    from .auth import KeyFileError, load_public  # local import: zmq only when keys are used
+
+    try:
+        load_public(raw)
+    except KeyFileError as exc:
+        raise ConfigError(f"{name}: {exc}; valid: the server.key file written by `fusion-shim keys`") from None
+    return raw
+
+
+def _client_keys(name: str, raw: str) -> str | None:
+    """This client's CURVE key pair (``NAME.key_secret``), private to its owner (mode 0600)."""
+    if not raw.strip():
+        return None
+    from .auth import KeyFileError, load_pair
+
+    try:
+        load_pair(raw)
+    except KeyFileError as exc:
+        raise ConfigError(f"{name}: {exc}; valid: a NAME.key_secret file written by `fusion-shim keys`") from None
+    return raw
+
+
 @dataclass(frozen=True)
 class Config:
     policy: str = "auto"          # auto | local | remote
@@ -96,7 +137,14 @@ class Config:
     timeout: float = 60.0         # seconds a remote call may take before it is computed locally
     ready_timeout: float = 120.0  # seconds policy=remote waits for a warming worker before running locally
     min_flops: float = 2e7        # auto: below this estimated work a call never leaves the process
-    strict: bool = False          # turn every fallback into an error (for CI of user programs)
+    strict: bool = False          # turn every fallback and every mismatch into an error
+    verify: float = 0.0           # fraction of worker answers also computed here and compared
+    trace: str | None = None      # path for a Chrome-trace (Perfetto) timeline of the run
+    residency: bool = True        # keep inputs and results on the worker, send references (issue 6)
+    native: bool = True           # the C extension: `@`, `@=`, `.dot` trampolines and the C fast path
+    #                               of wrapped functions (issue 3); 0 turns both off (wrapt only)
+    server_key: str | None = None   # path: the worker's CURVE public key (a worker run with --keys)
+    client_keys: str | None = None  # path: this client's CURVE key pair; both or neither (issue 8)
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)
@@ -119,9 +167,12 @@ class Config:
                 continue
             if field not in _PARSERS:
                 raise ConfigError(f"unknown setting {field!r}; valid: {', '.join(_PARSERS)}")
-            if isinstance(value, str) and field not in ("report",):
+            if isinstance(value, str) and field not in ("report", "trace"):
                 value = _PARSERS[field](f"--{field.replace('_', '-')}", value)
             values[field] = value
+        if bool(values.get("server_key")) != bool(values.get("client_keys")):
+            raise ConfigError(f"{PREFIX}SERVER_KEY and {PREFIX}CLIENT_KEYS go together: a CURVE client needs the "
+                              "worker's public key and its own key pair")
         return cls(**values)
 
     def to_env(self) -> dict[str, str]:
@@ -145,4 +196,10 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "ready_timeout": _nonneg_float,
     "min_flops": _nonneg_float,
     "strict": _bool,
+    "verify": _fraction,
+    "trace": _text,
+    "residency": _bool,
+    "native": _bool,
+    "server_key": _server_key,
+    "client_keys": _client_keys,
 }

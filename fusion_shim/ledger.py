@@ -11,10 +11,13 @@ import threading
 import time
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-MAX_RECORDS = 10_000
-PHASES = ("wait_ready", "encode", "transfer", "h2d", "kernel", "d2h", "decode", "local")
+MAX_RECORDS = 10_000  # full records kept in all
+MAX_PER_SITE = 200    # ... and per call site; past it a site is only aggregated (long loops)
+# Production phases in the order a call goes through them. "verify" (a check's local recompute) is
+# kept apart: it is reported on its own line, never inside these (issue 7).
+PHASES = ("wait_ready", "fingerprint", "encode", "send", "transfer", "h2d", "kernel", "d2h", "decode", "local")
 
 
 @dataclass
@@ -34,6 +37,13 @@ class Record:
     wall_s: float = 0.0
     start_s: float = 0.0          # since the run started
     raised: str | None = None     # the exception NumPy raised, if it did
+    thread: int = 0               # threading.get_ident() of the calling thread (trace tracks)
+    verify: str | None = None     # "ok" or "mismatch: ..." when the call was checked (issue 7)
+    local_measured_s: float | None = None  # NumPy's own time for this call, when a check measured it
+    resident_hits: int = 0        # inputs sent by reference: the worker held them (issue 6)
+    bytes_saved: int = 0          # ... and their bytes, which did not travel
+    resends: int = 0              # references the worker no longer held, resent by value
+    evictions: int = 0            # entries the worker dropped from its store during this call
 
 
 def call_site(depth: int = 2) -> str:
@@ -59,21 +69,31 @@ class Ledger:
         self.records: list[Record] = []
         self.dropped = 0
         self.ops: dict[str, dict[str, Any]] = defaultdict(_new_op)
+        self.sites: dict[str, dict[str, Any]] = {}
         # calls kept local by the size floor: one list cell per op, bumped by the interceptor's
         # fast path without a lock or a lookup (a count, not a record; see intercept)
         self.fast_path: dict[str, list[int]] = defaultdict(lambda: [0])
         self.events: list[tuple[float, str]] = []  # worker lifecycle: started, ready, faults
+        # the same counts kept in C (issue 3: the trampolines and the C fast path): (read, reset),
+        # read() -> {op: calls kept local by the floor}
+        self.counters: list[tuple[Callable[[], dict[str, int]], Callable[[], None]]] = []
+
+    def clear(self) -> None:
+        """Forget every record, aggregate and event (a new phase of a run; tests)."""
+        with self.lock:
+            self.records.clear()
+            self.dropped = 0
+            self.ops.clear()
+            self.sites.clear()
+            self.events.clear()
+            for cell in self.fast_path.values():
+                cell[0] = 0  # the same cells: the interceptor's wrappers hold them
 
     def reset_after_fork(self) -> None:
         """A forked child reports its own calls, not its parent's: start afresh (a new lock too,
         since another thread of the parent may have held the old one at the fork)."""
         self.lock = threading.Lock()
-        self.records.clear()
-        self.dropped = 0
-        self.ops.clear()
-        self.events.clear()
-        for cell in self.fast_path.values():
-            cell[0] = 0  # the same cells: the interceptor's wrappers hold them
+        self.clear()
 
     def now(self) -> float:
         return time.perf_counter() - self.started
@@ -93,9 +113,23 @@ class Ledger:
             agg["wall_s"] += rec.wall_s
             for phase, seconds in rec.phases.items():
                 agg["phases"][phase] = agg["phases"].get(phase, 0.0) + seconds
+            agg["resident_hits"] += rec.resident_hits
+            agg["bytes_saved"] += rec.bytes_saved
+            agg["resends"] += rec.resends
+            agg["evictions"] += rec.evictions
+            if rec.verify is not None:
+                agg["verified"] += 1
+                agg["mismatches"] += rec.verify != "ok"
             if rec.kind in ("unsupported", "fallback"):
                 agg["reasons"][f"{rec.kind}: {rec.reason}"] += 1
-            if len(self.records) < MAX_RECORDS:
+            site = self.sites.get(rec.site)
+            if site is None:
+                site = self.sites[rec.site] = {"op": rec.op, "calls": 0, "wall_s": 0.0, "worker": 0, "verify_s": 0.0}
+            site["calls"] += 1
+            site["wall_s"] += rec.wall_s
+            site["worker"] += rec.kind == "worker"
+            site["verify_s"] += rec.phases.get("verify", 0.0)
+            if len(self.records) < MAX_RECORDS and site["calls"] <= MAX_PER_SITE:
                 self.records.append(rec)
             else:
                 self.dropped += 1
@@ -105,11 +139,16 @@ class Ledger:
             ops = {}
             for name, agg in sorted(self.ops.items()):
                 ops[name] = {**agg, "reasons": dict(agg["reasons"]), "phases": dict(agg["phases"])}
-            for name, (n,) in self.fast_path.items():
+            below = {name: n for name, (n,) in self.fast_path.items()}
+            for read, _ in self.counters:
+                for name, n in read().items():
+                    below[name] = below.get(name, 0) + n
+            for name, n in below.items():
                 if n:
-                        ops.setdefault(name, {**_new_op(), "reasons": {}, "phases": {}})["below_floor"] = n
+                    ops.setdefault(name, {**_new_op(), "reasons": {}, "phases": {}})["below_floor"] = n
             return {
                 "ops": ops,
+                "sites": {k: dict(v) for k, v in self.sites.items()},
                 "events": [{"t_s": t, "what": w} for t, w in self.events],
                 "records": [asdict(r) for r in self.records],
                 "records_dropped": self.dropped,
@@ -118,5 +157,6 @@ class Ledger:
 
 def _new_op() -> dict[str, Any]:
     return {"family": "", "calls": 0, "worker": 0, "local": 0, "unsupported": 0, "fallback": 0,
-            "below_floor": 0, "bytes_sent": 0, "bytes_received": 0, "wall_s": 0.0,
+            "below_floor": 0, "verified": 0, "mismatches": 0,
+            "resident_hits": 0, "bytes_saved": 0, "resends": 0, "evictions": 0, "bytes_sent": 0, "bytes_received": 0, "wall_s": 0.0,
             "phases": {}, "reasons": Counter()}

@@ -5,6 +5,18 @@ background and calls run locally until it answers ``ready``. Under ``remote`` th
 for readiness, up to ``ready_timeout``, and that wait is its own phase (``wait_ready``) in the report.
 Any fault (no reply by the deadline, a dead worker, an error reply, a malformed reply) is recorded
 and the call is computed locally: a fault costs time, never an exception or a wrong answer.
+
+Issue 8 (reliability):
+
+- Each call's deadline follows its prediction: ``max(DEADLINE_FLOOR_S, DEADLINE_FACTOR x predicted
+  worker time)``, capped by ``Config.timeout``, once the op's family has a measured worker time (an
+  unmeasured prediction can be off by 10x: a CPU worker's first SVD was); a call that runs out
+  teaches the model it was slow.
+- An op (kernel id and dtypes) in flight when the worker died or its connection dropped ``CRASH_LIMIT``
+  times runs locally for the rest of the run; the events and each record say so.
+- Under ``remote`` only a cold worker (starting, or restarted) is waited for; a worker that faulted is
+  probed again in the background (backing off) while calls run locally, so no call waits on it.
+- One channel per thread and per process: a forked child opens its own (``Channel.pid``).
 """
 from __future__ import annotations
 
@@ -12,11 +24,13 @@ import inspect
 import itertools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +40,17 @@ from . import plan, transport, wire
 from .catalog import OpSpec, Prepared, Unsupported, prepare
 from .config import Config
 from .ledger import Ledger, Record, call_site
+from .residency import Mirror, fingerprint, worth_keeping
+from .verify import compare
 
+# One per process, shared by every Runtime, so that intercept.bypassed() holds across installs:
+# while a thread's .busy is set, its NumPy calls are not intercepted nor recorded.
+GUARD = threading.local()
 MAX_RESTARTS = 2  # an embedded worker that died is restarted this many times, then the run stays local
+CRASH_LIMIT = 3  # an op in flight this many times when the worker went down runs locally from then on
+DEADLINE_FLOOR_S = 5.0   # per-call deadline: max(floor, factor x predicted), capped by Config.timeout,
+DEADLINE_FACTOR = 20.0   # once the family has a measured worker time (before that: Config.timeout)
+REPROBE_MAX_S = 5.0  # a faulted worker is probed again after 0.1 s, doubling up to this
 
 
 class FallbackError(RuntimeError):
@@ -38,9 +61,16 @@ class WorkerFault(transport.TransportError):
     """The worker answered with an error instead of a result."""
 
 
+class VerificationError(FallbackError):
+    """Strict mode: a checked answer from the worker differed from NumPy's."""
+
+
 @dataclass
 class Done:
+    """The worker's answer; the record is added once it is checked (or not sampled for a check)."""
     value: Any
+    rec: Record
+    prep: Prepared
 
 
 class WorkerLink:
@@ -59,13 +89,21 @@ class WorkerLink:
         self.state = "starting"
         self.ready = threading.Event()
         self.info: dict[str, Any] = {}
+        self.mirror = Mirror()  # what this worker is believed to hold (issue 6): a hint
         self.restarts = 0
         self.ready_after_s: float | None = None
         self._local = threading.local()
         self._ids = itertools.count(1)
         self._lock = threading.RLock()  # spawn, stop and probe never interleave
         self._probing = False
+        self._probe_gen = 0
+        self._failed_probes = 0  # consecutive; sets the back-off and keeps the events short
         self.stopped = False  # after stop(): no restart, no probe (a late thread must not respawn)
+        self.curve = _load_curve(config)
+        _links.add(self)
+        if self.curve is None and not self.embedded and not transport.is_loopback(self.url):
+            ledger.event(f"connecting to {self.url} without authentication: the worker must run --insecure "
+                         "(set FUSION_SHIM_SERVER_KEY and FUSION_SHIM_CLIENT_KEYS for CURVE)")
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -87,6 +125,7 @@ class WorkerLink:
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                      start_new_session=True)
         log.close()
+        self.state = "starting"  # a cold worker: under policy remote calls wait for it, as at start
         self.ledger.event(f"embedded worker started (pid {self.proc.pid}) at {self.url}")
 
     def _probe(self) -> None:
@@ -95,18 +134,32 @@ class WorkerLink:
             if self._probing or self.stopped:
                 return
             self._probing = True
-        threading.Thread(target=self._handshake, name="fusion-shim-handshake", daemon=True).start()
+            self._probe_gen += 1
+            gen = self._probe_gen
+        threading.Thread(target=self._handshake, args=(gen,), name="fusion-shim-handshake", daemon=True).start()
 
-    def _handshake(self) -> None:
+    def _handshake(self, gen: int) -> None:
+        ok = False
+        chan = None
         try:
-            chan = self.channel()
+            # its own channel, closed at the end: a probe thread must not leave a socket behind
+            chan = transport.Channel(self.url, self.curve)
             rid = next(self._ids)
             t = time.monotonic()
             header, _ = chan.request(rid, wire.encode({"t": "hello", "id": rid}),
                                      t + self.config.ready_timeout, self.alive)
+            if header["t"] == "error":
+                raise transport.BadReply(f"hello answered with an error: {header.get('kind')}: {header.get('msg')}")
             if header["t"] != "ready":
                 raise transport.BadReply(f"hello answered with {header['t']!r}")
-            self.info = {k: header.get(k) for k in ("pid", "device", "torch", "bench")}
+            info = {k: header.get(k) for k in ("pid", "device", "torch", "bench", "memory_budget")}
+            if info.get("pid") != self.info.get("pid"):
+                self.mirror.clear()  # a new worker process holds nothing yet
+            self.info = info
+            if self.ready_after_s is not None:  # back after a fault: the link was measured before
+                self._ready(f"worker back at {self.url} (pid {self.info.get('pid')})")
+                ok = True
+                return
             rtt = min(self._ping(chan) for _ in range(5))
             if not self.profile.calibrated:
                 self.guard.busy = True  # the probes call NumPy: they must not be intercepted
@@ -120,24 +173,56 @@ class WorkerLink:
                 if isinstance(bench.get(family), (int, float)) and bench[family] > 0:
                     self.profile.worker_gflops[family] = float(bench[family])
             self.profile.rtt_s = rtt
-            self.state = "ready"
             self.ready_after_s = self.ledger.now()
-            self.ready.set()
-            self.ledger.event(f"worker ready at {self.url} on {self.info.get('device')} "
-                              f"(pid {self.info.get('pid')}, round trip {rtt * 1e6:.0f} us)")
+            self._ready(f"worker ready at {self.url} on {self.info.get('device')} "
+                        f"(pid {self.info.get('pid')}, round trip {rtt * 1e6:.0f} us)")
+            ok = True
         except transport.TransportError as exc:
-            self.state = "down"
-            self.ledger.event(f"worker not ready: {exc}")
+            if self.state != "stopped":
+                self.state = "down"
+            if not self._failed_probes:  # one event per outage, not one per retry
+                self.ledger.event(f"worker not ready: {type(exc).__name__}: {exc}")
+            self._failed_probes += 1
             self._maybe_restart()
         finally:
+            if chan is not None:
+                chan.close()
             with self._lock:
-                self._probing = False
+                if self._probe_gen == gen:  # a restart may have started a newer probe meanwhile
+                    self._probing = False
+        if not ok:
+            self._reprobe_later()
+
+    def _ready(self, text: str) -> None:
+        with self._lock:
+            if self.stopped:
+                return
+            self._failed_probes = 0
+            self.state = "ready"
+            self.ready.set()
+        self.ledger.event(text)
+
+    def _reprobe_later(self) -> None:
+        """A worker that is still there (external, or embedded and alive) is asked again, backing off;
+        an embedded one that died is _maybe_restart's business."""
+        with self._lock:
+            if self.stopped or self._probing or self.state == "ready" or os.getpid() != self.owner:
+                return
+            if self.embedded and not self.alive():
+                return
+        delay = min(0.1 * 2 ** min(self._failed_probes - 1, 8), REPROBE_MAX_S)
+        timer = threading.Timer(delay, self._probe)
+        timer.daemon = True
+        timer.start()
 
     def _ping(self, chan: transport.Channel) -> float:
+        """One round trip, less the worker's health check (real device work, issue 8)."""
         rid = next(self._ids)
         t = time.perf_counter()
-        chan.request(rid, wire.encode({"t": "hello", "id": rid}), time.monotonic() + 5, self.alive)
-        return time.perf_counter() - t
+        header, _ = chan.request(rid, wire.encode({"t": "hello", "id": rid}), time.monotonic() + 5, self.alive)
+        took = time.perf_counter() - t
+        health = header.get("health_s")
+        return max(took - health, took / 10) if isinstance(health, float) else took
 
     def alive(self) -> bool:
         if self.proc is None:
@@ -155,8 +240,7 @@ class WorkerLink:
         self.ready.clear()
         self.state = "down"
         self.ledger.event(f"worker fault: {type(exc).__name__}: {exc}")
-        if isinstance(exc, transport.Timeout) or isinstance(exc, transport.BadReply):
-            self._drop_channel()  # its socket may still hold the late reply; a fresh one is simpler
+        self._drop_channel()  # its socket may still hold a late reply or a dead connection: start afresh
         if not self.alive():
             self._maybe_restart()
         else:
@@ -178,9 +262,11 @@ class WorkerLink:
             self._probe()
 
     def wait_ready(self, timeout: float) -> bool:
+        """Wait for readiness up to ``timeout``; False at once when there is no hope (stopped, or an
+        embedded worker dead with no restart left)."""
         deadline = time.monotonic() + timeout
         while not self.ready.is_set():
-            if self.state == "down" and not self._probing:
+            if self.stopped or (self.embedded and self.restarts >= MAX_RESTARTS and not self.alive()):
                 return False
             if not self.ready.wait(min(0.05, max(deadline - time.monotonic(), 0))) and time.monotonic() >= deadline:
                 return False
@@ -190,7 +276,8 @@ class WorkerLink:
     def channel(self) -> transport.Channel:
         chan = getattr(self._local, "chan", None)
         if chan is None or chan.pid != os.getpid() or chan.url != self.url:
-            chan = transport.Channel(self.url)
+            # a forked child lands here too: it never touches its parent's socket (issue 8)
+            chan = transport.Channel(self.url, self.curve)
             self._local.chan = chan
         return chan
 
@@ -211,12 +298,52 @@ class WorkerLink:
         if self.proc is not None and os.getpid() == self.owner and self.proc.poll() is None:
             self.proc.terminate()
             try:
+                os.kill(self.proc.pid, signal.SIGCONT)  # a stopped worker would hold SIGTERM pending
+            except OSError:
+                pass
+            try:
                 self.proc.wait(3)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
         if self.tmpdir and os.getpid() == self.owner:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def call_header(rid: int, prep: Prepared) -> dict:
+    """The header of the ``call`` message for a prepared call (wire.py's docstring has the format)."""
+    # a result asked for in a permuted axis order travels transposed to it (see _assemble)
+    results = [{"dtype": dt.str, "shape": [shape[i] for i in lay] if isinstance(lay, list) else list(shape)}
+               for (dt, shape), lay in zip(prep.results, prep.layouts)]
+    return {"t": "call", "id": rid, "op": prep.spec.kernel_id, "params": prep.params, "layouts": prep.layouts,
+            "results": results}
+
+
+def call_message(rid: int, prep: Prepared) -> list:
+    """The ``call`` message for a prepared call, every input by value."""
+    return wire.encode(call_header(rid, prep), prep.arrays)
+
+
+def _load_curve(config: Config) -> tuple[bytes, bytes, bytes] | None:
+    """(server public, client public, client secret) from the Config's key files, or None."""
+    if not config.server_key:
+        return None
+    from .auth import load_pair, load_public
+
+    public, secret = load_pair(config.client_keys)
+    return load_public(config.server_key), public, secret
+
+
+_links: "weakref.WeakSet[WorkerLink]" = weakref.WeakSet()
+
+
+def _links_after_fork() -> None:
+    for link in list(_links):
+        link._lock = threading.RLock()  # a parent thread may have held it at the fork
+        link._probing = False  # the parent's probe thread does not exist here
+
+
+os.register_at_fork(after_in_child=_links_after_fork)
 
 
 class Runtime:
@@ -226,13 +353,22 @@ class Runtime:
         self.config = config
         self.ledger = Ledger()
         self.profile = plan.Profile()
-        self.guard = threading.local()  # .busy: the shim's own NumPy calls must not re-enter it
+        self.guard = GUARD  # .busy: the shim's own NumPy calls must not re-enter it
         self.local_only = config.policy == "local"
         self.floor_bytes = 0 if config.policy == "remote" else plan.FLOOR_BYTES
+        # whether `@`, `@=` and `.dot` are intercepted, and why not (set by intercept, issue 3)
+        self.operators: dict[str, Any] = {"intercepted": False, "why": "not installed", "fast_path": "wrapt"}
         self.link: WorkerLink | None = None
         self.started_wall = time.time()
         self.export_env = False  # set by the launcher: children reuse this process's worker
+        self._verify_debt = 0.0  # sampling: a call is checked each time this reaches 1
+        self.pinned_checks: dict[tuple, str] = {}  # op signature -> call site of the mismatch that pinned it
         self._results: dict[str, type] = {}
+        # issue 8: ops in flight when the worker went down, by (kernel id, input dtypes)
+        self.crash_limit = CRASH_LIMIT
+        self.crashes: dict[tuple, int] = {}
+        self.pinned: dict[tuple, str] = {}  # -> the reason; these run locally for the rest of the run
+        self._crash_lock = threading.Lock()
 
     def start(self) -> None:
         """Start (or connect to) the worker in the background; called once NumPy is imported."""
@@ -260,7 +396,8 @@ class Runtime:
 
     def _call(self, spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict) -> Done | Record:
         t0 = time.perf_counter()
-        rec = Record(spec.name, spec.family, site=call_site(4), start_s=t0 - self.ledger.started)
+        rec = Record(spec.name, spec.family, site=call_site(4), start_s=t0 - self.ledger.started,
+                     thread=threading.get_ident())
         try:
             prep = prepare(spec, sig, args, kwargs)
         except Unsupported as exc:
@@ -268,53 +405,190 @@ class Runtime:
             return rec
         rec.shapes = [list(a.shape) for a in prep.arrays]
         rec.dtypes = [a.dtype.str for a in prep.arrays]
-        if self.config.policy == "remote" and self.link is not None and not self.link.ready.is_set():
+        pinned_at = self.pinned_checks.get(_signature(rec)) if self.pinned_checks else None
+        if pinned_at is not None:
+            rec.kind, rec.reason = "local", f"pinned local: a checked answer differed at {pinned_at}"
+            return rec
+        op_key = (spec.kernel_id, tuple(rec.dtypes))
+        if self.pinned and op_key in self.pinned:
+            rec.kind, rec.reason = "fallback", self.pinned[op_key]
+            return rec
+        # only a cold worker is waited for; one that faulted is probed in the background instead
+        if self.config.policy == "remote" and self.link is not None and self.link.state == "starting":
             waited = time.perf_counter()
             self.link.wait_ready(self.config.ready_timeout)
             rec.phases["wait_ready"] = time.perf_counter() - waited
-        decision = plan.decide(self.config.policy, spec.family, prep.flops, prep.bytes_in, prep.bytes_out,
-                               self.worker_state(), self.profile, self.config.min_flops)
+        price = lambda bytes_in: plan.decide(self.config.policy, spec.family, prep.flops, bytes_in, prep.bytes_out,
+                                             self.worker_state(), self.profile, self.config.min_flops)
+        decision = price(prep.bytes_in)
+        wired = None
+        # Residency (issue 6): fingerprint only a remote candidate: a call that goes to the worker, or
+        # one that would if its inputs were already there. The decision then prices only the bytes
+        # the worker does not hold.
+        if self.config.residency and self.link is not None and (
+                decision.where == "worker" or (decision.local_s is not None and price(0).where == "worker")):
+            t = time.perf_counter()
+            wired = _Wired(prep.arrays, self.link.mirror)
+            rec.phases["fingerprint"] = time.perf_counter() - t
+            if wired.resident_bytes:
+                decision = price(prep.bytes_in - wired.resident_bytes)
         rec.reason = decision.reason
         rec.predicted_local_s, rec.predicted_remote_s = decision.local_s, decision.remote_s
         if decision.where == "local":
             # under policy remote every supported call was meant for the worker: that is a fallback
             rec.kind = "fallback" if self.config.policy == "remote" else "local"
             return rec
+        predicted = decision.remote_s
+        if predicted is None:
+            predicted = self.profile.predict_remote(spec.family, prep.flops, prep.bytes_in, prep.bytes_out)
+        deadline_s = self.config.timeout
+        if (spec.family, "worker") in self.profile.correction:
+            deadline_s = min(deadline_s, max(DEADLINE_FLOOR_S, DEADLINE_FACTOR * predicted))
+        t_sent = time.perf_counter()
         try:
-            value = self._remote(prep, rec)
+            value = self._remote(prep, rec, wired, deadline_s)
         except transport.TransportError as exc:
+            detail = ""
+            if isinstance(exc, transport.Timeout):
+                detail = f" ({deadline_s:.3g} s: predicted {predicted:.3g} s)"
+                # it took at least this long: the next prediction for the family moves up
+                self.profile.learn(spec.family, "worker", predicted, time.perf_counter() - t_sent)
+            if isinstance(exc, (transport.WorkerDied, transport.WorkerLost)):
+                self._count_crash(op_key, exc)
             if not isinstance(exc, WorkerFault):  # an error reply is about this call, not the worker
                 self.link.fault(exc)
-            rec.kind, rec.reason = "fallback", f"{type(exc).__name__}: {exc}"[:300]
+            rec.kind, rec.reason = "fallback", f"{type(exc).__name__}: {exc}{detail}"[:300]
+            return rec
+        except Exception as exc:
+            # a bug on the shim's own remote path (not NumPy's error, not the worker's: NumPy runs
+            # after this, in the caller's frame) must not reach the program either (issue 8)
+            self.link.fault(exc)
+            rec.kind, rec.reason = "fallback", f"internal error: {type(exc).__name__}: {exc}"[:300]
             return rec
         rec.kind = "worker"
         rec.wall_s = time.perf_counter() - t0
-        self.profile.learn(spec.family, "worker", decision.remote_s, rec.wall_s)
-        self.ledger.add(rec)
-        return Done(value)
+        self.profile.learn(spec.family, "worker", predicted, rec.wall_s)  # also under remote: deadlines use it
+        return Done(value, rec, prep)
 
-    def _remote(self, prep: Prepared, rec: Record) -> Any:
+    def _count_crash(self, op_key: tuple, exc: Exception) -> None:
+        """The worker went down with this op in flight; at ``crash_limit`` it runs locally from now on."""
+        with self._crash_lock:
+            n = self.crashes[op_key] = self.crashes.get(op_key, 0) + 1
+            if n < self.crash_limit or op_key in self.pinned:
+                return
+            self.pinned[op_key] = (f"pinned local: {op_key[0]}({', '.join(op_key[1])}) was in flight {n} times "
+                                   f"when the worker went down (last: {type(exc).__name__})")
+        self.ledger.event(f"{self.pinned[op_key]}; it runs locally for the rest of the run")
+
+    # -- after the worker answered -----------------------------------------------------------------
+    def remote_done(self, done: Done, original: Any, sig: inspect.Signature, args: tuple, kwargs: dict) -> Any:
+        """Record the call; when it is sampled for a check, compute it locally too and compare. The
+        check's time is its own phase, outside the call's wall time and the production totals."""
+        rec = done.rec
+        if original is None or not self._sampled():  # None: the call cannot be recomputed (`a @= b`)
+            self.ledger.add(rec)
+            return done.value
+        t = time.perf_counter()
+        bound = sig.bind(*args, **kwargs)
+        if "out" in bound.arguments:
+            bound.arguments["out"] = None  # the check must not write into the program's array again
+        self.guard.busy = True
+        try:
+            want = original(*bound.args, **bound.kwargs)
+        except Exception as exc:  # NumPy refuses what the worker computed: NumPy's answer stands
+            rec.verify, rec.phases["verify"] = f"mismatch: NumPy raised {type(exc).__name__}", time.perf_counter() - t
+            self._pin(rec)
+            raise
+        finally:
+            self.guard.busy = False
+        problem = compare(rec.op, done.prep.out if done.prep.out is not None else done.value, want, done.prep.arrays)
+        rec.phases["verify"] = time.perf_counter() - t
+        rec.local_measured_s = rec.phases["verify"]
+        if problem is None:
+            rec.verify = "ok"
+            self.ledger.add(rec)
+            return done.value
+        rec.verify = f"mismatch: {problem}"
+        self._pin(rec)
+        if self.config.strict:
+            raise VerificationError(f"{rec.op} at {rec.site}: the worker's answer differed from NumPy's: {problem}")
+        if done.prep.out is not None:
+            np.copyto(done.prep.out, want)
+            return done.prep.out
+        return want
+
+    def _sampled(self) -> bool:
+        fraction = self.config.verify
+        if fraction <= 0:
+            return False
+        self._verify_debt += fraction
+        if self._verify_debt >= 1.0 - 1e-12:
+            self._verify_debt -= 1.0
+            return True
+        return False
+
+    def _pin(self, rec: Record) -> None:
+        self.pinned_checks[_signature(rec)] = rec.site
+        self.ledger.add(rec)
+        self.ledger.event(f"{rec.op} {rec.dtypes} pinned local: the worker's answer at {rec.site} differed "
+                          f"from NumPy's ({rec.verify})")
+
+    def _remote(self, prep: Prepared, rec: Record, wired: "_Wired | None", deadline_s: float) -> Any:
         link = self.link
         chan = link.channel()
-        rid = link.next_id()
         t0 = time.perf_counter()
-        frames = wire.encode({"t": "call", "id": rid, "op": prep.spec.kernel_id, "params": prep.params,
-                              "layouts": prep.layouts}, prep.arrays)
+        header = call_header(rid := link.next_id(), prep)
+        if wired is None:
+            frames = wire.encode(header, prep.arrays)
+        else:
+            header["keep"] = True
+            frames = wire.encode_wired(header, wired.items, wired.fps, wired.refs)
         t1 = time.perf_counter()
-        header, arrays = chan.request(rid, frames, time.monotonic() + self.config.timeout, link.alive)
+        reply, arrays = chan.request(rid, frames, time.monotonic() + deadline_s, link.alive)
+        if reply["t"] == "error" and reply.get("kind") == "missing" and wired is not None and wired.refs:
+            # the mirror was stale (an eviction it did not hear of, another client): resend by value, once
+            link.mirror.discard(reply.get("missing") or ())
+            rec.resends += len(wired.refs)
+            header["id"] = rid = link.next_id()
+            before = chan.last_bytes_sent, chan.last_bytes_received
+            frames = wire.encode_wired(header, wired.items, wired.fps, ())
+            reply, arrays = chan.request(rid, frames, time.monotonic() + deadline_s, link.alive)
+            chan.last_bytes_sent += before[0]  # both round trips were on the socket
+            chan.last_bytes_received += before[1]
+            wired.refs = []
         t2 = time.perf_counter()
-        rec.bytes_sent = sum(_nbytes(f) for f in frames)
-        if header["t"] == "error":
-            raise WorkerFault(f"worker raised {header.get('exc')} ({header.get('kind')}): {header.get('msg')}"[:300])
-        if header["t"] != "result":
-            raise transport.BadReply(f"a call answered with {header['t']!r}")
-        rec.bytes_received = sum(a.nbytes for a in arrays)
+        rec.bytes_sent, rec.bytes_received = chan.last_bytes_sent, chan.last_bytes_received
+        if reply["t"] == "error":
+            raise WorkerFault(f"worker raised {reply.get('exc')} ({reply.get('kind')}): {reply.get('msg')}"[:300])
+        if reply["t"] != "result":
+            raise transport.BadReply(f"a call answered with {reply['t']!r}")
         value = self._assemble(prep, arrays)
+        if wired is not None:
+            rec.resident_hits = len(wired.refs)
+            rec.bytes_saved = sum(wired.sizes[i] for i in wired.refs)
+            evicted = reply.get("evicted") or ()
+            rec.evictions = len(evicted)
+            link.mirror.discard(evicted)
+            kept = set(reply.get("kept") or ())  # the worker says which inputs it kept
+            for i, fp in enumerate(wired.fps):
+                if fp in kept:
+                    link.mirror.add(fp, wired.sizes[i])
+            for meta, arr in zip(reply.get("arrays", ()), arrays):
+                if isinstance(meta, dict) and meta.get("fp"):
+                    link.mirror.add(meta["fp"], arr.nbytes)
         t3 = time.perf_counter()
-        timing = header.get("timing") if isinstance(header.get("timing"), dict) else {}
-        worker_s = {k: float(v) for k, v in timing.items() if k in ("h2d", "kernel", "d2h") and isinstance(v, (int, float))}
+        timing = reply.get("timing") if isinstance(reply.get("timing"), dict) else {}
+        worker_s = {k: float(v) for k, v in timing.items()
+                    if k in ("h2d", "kernel", "d2h", "fingerprint") and isinstance(v, (int, float))}
+        worker_fp = worker_s.pop("fingerprint", 0.0)
         rec.phases.update(worker_s)
-        rec.phases.update(encode=t1 - t0, transfer=max(t2 - t1 - sum(worker_s.values()), 0.0), decode=t3 - t2)
+        if worker_fp:
+            rec.phases["fingerprint"] = rec.phases.get("fingerprint", 0.0) + worker_fp
+        # the worker may start before send() returns (zero-copy sends overlap), so send and transfer
+        # share what the round trip leaves after the worker's own time: phases never exceed the wall
+        on_link = max(t2 - t1 - sum(worker_s.values()) - worker_fp, 0.0)
+        send = min(chan.last_send_s, on_link)
+        rec.phases.update(encode=t1 - t0, send=send, transfer=on_link - send, decode=t3 - t2)
         self.profile.learn_link(rec.bytes_sent + rec.bytes_received, rec.phases["transfer"])
         return value
 
@@ -338,7 +612,7 @@ class Runtime:
         result = arrays[0]
         if prep.out is not None:
             np.copyto(prep.out, result)
-            return prep.out
+            return prep.out[()] if prep.scalar_out and prep.out.ndim == 0 else prep.out
         if prep.scalar_0d and result.ndim == 0:
             return result[()]
         return result
@@ -367,5 +641,24 @@ class Runtime:
             self.link.stop()
 
 
-def _nbytes(frame: Any) -> int:
-    return frame.nbytes if hasattr(frame, "nbytes") else len(frame)
+class _Wired:
+    """A call's inputs laid out for the wire, with fingerprints for those worth keeping and the
+    indices the worker is believed to hold (sent as references)."""
+
+    def __init__(self, arrays: list, mirror: Mirror):
+        self.items, self.fps, self.refs = [], [], []
+        self.sizes = [a.nbytes for a in arrays]
+        self.resident_bytes = 0
+        for i, arr in enumerate(arrays):
+            meta, buf = wire.to_wire(arr)
+            self.items.append((meta, buf))
+            fp = fingerprint(meta, buf) if worth_keeping(arr) else None
+            self.fps.append(fp)
+            if fp is not None and fp in mirror:
+                self.refs.append(i)
+                self.resident_bytes += arr.nbytes
+
+
+def _signature(rec: Record) -> tuple:
+    """What a verification mismatch pins to local: the op with these dtypes and ranks."""
+    return rec.op, tuple(rec.dtypes), tuple(len(s) for s in rec.shapes)

@@ -7,34 +7,53 @@ The header is a msgpack map:
 
 =========  ==================================================================================
 ``v``      int, the wire version (``VERSION``). Any other version is answered with an error.
-``t``      str, the message type. Client to worker: ``hello``, ``call``.
-           Worker to client: ``ready``, ``result``, ``error``.
+``t``      str, the message type. Client to worker: ``hello``, ``call``, ``stats``.
+           Worker to client: ``ready``, ``result``, ``error``, ``stats``.
 ``id``     int >= 0, the request id. A reply carries the id of its request; replies are matched
            by id, never by order, so a late reply to an abandoned request is recognised and dropped.
 =========  ==================================================================================
 
 Per type:
 
-- ``hello``: nothing more. Answered with ``ready`` once the worker is warm.
+- ``hello``: nothing more. Answered with ``ready`` once the worker is warm, and only after a health
+  check that does real device work (a small matmul through the same path as a call, its answer
+  compared exactly); a worker that fails it answers ``error`` of kind ``unhealthy`` (issue 8).
 - ``ready``: ``pid`` (int), ``device`` (str), ``torch`` (str), ``bench`` (map of str to float:
-  the worker's self-benchmark, e.g. ``matmul_f64_gflops``).
+  the worker's self-benchmark, e.g. ``matmul_f64_gflops``), ``health_s`` (seconds the health
+  check took, so that a client timing a hello as a round trip can take it off).
 - ``call``: ``op`` (str, a kernel id from the catalog), ``params`` (map of str to msgpack scalars,
   lists and nil), ``arrays`` (list of array metas, one per buffer frame, in order), ``layouts``
   (list, one per result array: ``"C"``, ``"F"``, or a list giving the axis order from the slowest
   to the fastest varying axis; a result asked for in such an order comes back transposed to it, in
-  C order, and the client transposes it back).
+  C order, and the client transposes it back), ``results`` (list, one per result array: ``{"dtype", "shape"}``,
+  what the client expects back). The declared results count against the worker's byte budget
+  before the kernel runs, and a kernel whose results differ from them is answered with an error,
+  never sent (issue 8).
 - ``result``: ``arrays`` (array metas of the result buffers), ``timing`` (map of phase name to
   seconds measured on the worker: ``h2d``, ``kernel``, ``d2h``).
+- ``stats``: asked with nothing more; answered with ``calls``, ``bytes_in``, ``bytes_out``: the
+  call messages the worker has answered and their bytes as counted at its socket (headers included).
 - ``error``: ``kind`` (one of ``ERROR_KINDS``), ``exc`` (the exception type's name), ``msg`` (str).
 
 An array meta is a map ``{"dtype": str, "shape": [int, ...], "order": "C" | "F"}``. ``dtype`` is a
-NumPy dtype string from ``DTYPES`` (native byte order only); buffer frame *i* holds exactly
-``prod(shape) * itemsize`` bytes laid out in ``order``.
+NumPy dtype string from ``DTYPES`` (native byte order only); the rank is at most ``MAX_NDIM``;
+its buffer frame holds exactly
+``prod(shape) * itemsize`` bytes laid out in ``order``. Residency (issue 6) adds two optional keys:
+``fp``, the array's content fingerprint (32 hex digits, :func:`fusion_shim.residency.fingerprint`),
+which in a call asks the worker to keep the array and in a result says the worker kept it; and
+``ref: true``, in a call only, for an array sent by reference: it has *no* buffer frame and the worker
+uses the copy it holds under ``fp``, or answers ``error`` with kind ``missing`` and ``missing``, the
+list of fingerprints it does not hold (the client then resends them once, by value). Buffer frames
+follow the header in the order of the metas that are not references. A ``result`` may carry
+``kept`` (the call's input fingerprints the worker now holds) and ``evicted`` (fingerprints it
+dropped from its store to make room).
 
-Everything is validated before anything is allocated (:func:`decode`): the header's size, its
-types, the version, the dtype list, the rank, the shape's product against the frame's length, and
-the total against ``max_bytes``. A message that fails raises :class:`WireError`; the worker answers
-it with an ``error`` reply and stays up.
+Everything is validated before anything is allocated (:func:`decode`): the frame count (at most
+``MAX_FRAMES``), the header's size, its types, the version, the dtype list, the rank, the shape's
+product against the frame's length, and the total against ``max_bytes`` (the worker's budget; the
+worker also sets it as ZeroMQ's ``MAXMSGSIZE``, so a larger frame is refused by the socket before
+it is buffered). A message that fails raises :class:`WireError`; the worker answers it with an
+``error`` reply and stays up. Nothing here imports pickle, cloudpickle or marshal (a test checks).
 
 Buffers are sent zero-copy above ``ZERO_COPY_MIN`` bytes (below it a copy is cheaper than the
 bookkeeping; see shared/LIMITS.md) and received zero-copy: a received array is a writable view on
@@ -43,7 +62,7 @@ the ZeroMQ frame, so a result reaches the program without another copy.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import msgpack
 import numpy as np
@@ -51,9 +70,20 @@ import numpy as np
 VERSION = 1
 ZERO_COPY_MIN = 64 * 1024
 MAX_HEADER = 1 << 20
-MAX_NDIM = 32
-MESSAGE_TYPES = ("hello", "ready", "call", "result", "error")
-ERROR_KINDS = ("bad_request", "version", "unknown_op", "kernel_error", "out_of_memory")
+MAX_NDIM = 64
+MAX_FRAMES = 1 + 64  # a header and at most 64 buffers: more is refused before any is looked at
+MESSAGE_TYPES = ("hello", "ready", "call", "result", "error", "stats")
+ERROR_KINDS = ("bad_request", "version", "unknown_op", "kernel_error", "out_of_memory", "missing",
+               "unhealthy")
+FP_LEN = 32  # hex digits of an xxh3-128 fingerprint
+
+
+class Ref(NamedTuple):
+    """An input sent by reference: the worker must already hold it under ``fp``."""
+    fp: str
+    dtype: np.dtype
+    shape: tuple
+    order: str
 DTYPES = frozenset(
     np.dtype(t).str
     for t in ("?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16")
@@ -82,13 +112,27 @@ def to_wire(arr: np.ndarray) -> tuple[dict, Any]:
     return {"dtype": arr.dtype.str, "shape": list(arr.shape), "order": order}, buf
 
 
-def encode(header: dict, arrays: Iterable[np.ndarray] = ()) -> list:
-    """Header plus buffer frames for ``arrays``; the array metas go into ``header["arrays"]``."""
+def encode(header: dict, arrays: Iterable[np.ndarray] = (), fps: Sequence[str | None] | None = None,
+           refs: Iterable[int] = ()) -> list:
+    """Header plus buffer frames for ``arrays``; the array metas go into ``header["arrays"]``.
+    ``fps[i]`` tags array *i* with its fingerprint; indices in ``refs`` travel as references."""
+    return encode_wired(header, [to_wire(a) for a in arrays], fps, refs)
+
+
+def encode_wired(header: dict, wired: Sequence[tuple[dict, Any]], fps: Sequence[str | None] | None = None,
+                 refs: Iterable[int] = ()) -> list:
+    """:func:`encode` for arrays already through :func:`to_wire` (the fingerprint needed them)."""
+    refs = set(refs)
     metas, bufs = [], []
-    for arr in arrays:
-        meta, buf = to_wire(arr)
+    for i, (meta, buf) in enumerate(wired):
+        fp = fps[i] if fps is not None else None
+        if fp is not None:
+            meta = {**meta, "fp": fp}
+        if i in refs:
+            meta = {**meta, "ref": True}
+        else:
+            bufs.append(buf)
         metas.append(meta)
-        bufs.append(buf)
     full = {"v": VERSION, **header, "arrays": metas}
     return [msgpack.packb(full, use_bin_type=True), *bufs]
 
@@ -120,42 +164,86 @@ def decode_header(frame: Any) -> dict:
     return header
 
 
-def _check_meta(meta: Any, nbytes: int) -> tuple[np.dtype, tuple[int, ...], str]:
+def _check_fp(fp: Any) -> str:
+    if not isinstance(fp, str) or len(fp) != FP_LEN or any(c not in "0123456789abcdef" for c in fp):
+        raise WireError(f"fingerprint must be {FP_LEN} lowercase hex digits")
+    return fp
+
+
+def _dtype_shape(meta: Any) -> tuple[np.dtype, tuple[int, ...], int]:
     if not isinstance(meta, dict):
         raise WireError("array meta is not a map")
-    dtype, shape, order = meta.get("dtype"), meta.get("shape"), meta.get("order")
-    if dtype not in DTYPES:
+    dtype, shape = meta.get("dtype"), meta.get("shape")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise WireError(f"dtype {dtype!r} is not accepted")
-    if order not in ("C", "F"):
-        raise WireError(f"order {order!r} is invalid; valid: C, F")
     if not isinstance(shape, list) or len(shape) > MAX_NDIM:
         raise WireError(f"shape must be a list of at most {MAX_NDIM} ints")
     if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise WireError("shape entries must be ints >= 0")
     dt = np.dtype(dtype)
-    expected = math.prod(shape) * dt.itemsize
-    if expected != nbytes:
-        raise WireError(f"buffer holds {nbytes} bytes but shape {shape} of {dtype} needs {expected}")
-    return dt, tuple(shape), order
+    return dt, tuple(shape), math.prod(shape) * dt.itemsize
+
+
+def declared_results(metas: Any, max_bytes: int) -> list[tuple[np.dtype, tuple[int, ...]]]:
+    """A call's ``results`` field checked: a list of ``{"dtype", "shape"}`` whose bytes together stay
+    under ``max_bytes``; returns (dtype, shape) pairs."""
+    if not isinstance(metas, list) or len(metas) > MAX_FRAMES - 1:
+        raise WireError(f"'results' must be a list of at most {MAX_FRAMES - 1} metas")
+    checked = [_dtype_shape(m) for m in metas]
+    total = sum(n for _, _, n in checked)
+    if total > max_bytes:
+        raise WireError(f"declared results need {total} bytes, over the limit of {max_bytes}")
+    return [(dt, shape) for dt, shape, _ in checked]
+
+
+def _check_meta(meta: Any, nbytes: int | None) -> tuple[np.dtype, tuple[int, ...], str]:
+    """Validate a meta against its buffer's length (``None`` for a reference: no buffer)."""
+    dt, shape, expected = _dtype_shape(meta)
+    if "fp" in meta:
+        _check_fp(meta["fp"])
+    order = meta.get("order")
+    if order not in ("C", "F"):
+        raise WireError(f"order {order!r} is invalid; valid: C, F")
+    if nbytes is not None and expected != nbytes:
+        raise WireError(f"buffer holds {nbytes} bytes but shape {list(shape)} of {dt.str} needs {expected}")
+    return dt, shape, order
 
 
 def decode(frames: Sequence[Any], max_bytes: int = 1 << 40) -> tuple[dict, list[np.ndarray]]:
     """Validate a message and return its header and its arrays (zero-copy views on the frames)."""
     if not frames:
         raise WireError("empty message")
+    if len(frames) > MAX_FRAMES:
+        raise WireError(f"{len(frames)} frames, over the limit of {MAX_FRAMES}")
     header = decode_header(frames[0])
     metas = header.get("arrays", [])
     if not isinstance(metas, list):
         raise WireError("'arrays' must be a list")
+    if len(metas) > MAX_FRAMES - 1:
+        raise WireError(f"{len(metas)} array metas, over the limit of {MAX_FRAMES - 1}")
     bufs = [_frame_bytes(f) for f in frames[1:]]
-    if len(metas) != len(bufs):
-        raise WireError(f"{len(metas)} array metas but {len(bufs)} buffer frames")
+    is_ref = [isinstance(m, dict) and m.get("ref") is True for m in metas]
+    if header["t"] != "call" and any(is_ref):
+        raise WireError("only a call may send arrays by reference")
+    if len(metas) - sum(is_ref) != len(bufs):
+        raise WireError(f"{len(metas) - sum(is_ref)} array metas with data but {len(bufs)} buffer frames")
     total = sum(b.nbytes for b in bufs)
     if total > max_bytes:
         raise WireError(f"message carries {total} bytes, over the limit of {max_bytes}")
-    checked = [_check_meta(m, b.nbytes) for m, b in zip(metas, bufs)]
-    arrays = []
-    for (dt, shape, order), buf in zip(checked, bufs):
+    frame_of = iter(bufs)
+    checked = []
+    for meta, ref in zip(metas, is_ref):
+        if ref:
+            checked.append((_check_meta(meta, None), None))
+            _check_fp(meta.get("fp"))
+        else:
+            buf = next(frame_of)
+            checked.append((_check_meta(meta, buf.nbytes), buf))
+    arrays: list = []
+    for meta, ((dt, shape, order), buf) in zip(metas, checked):
+        if buf is None:
+            arrays.append(Ref(meta["fp"], dt, shape, order))
+            continue
         flat = np.frombuffer(buf, dtype=dt) if buf.nbytes else np.empty(0, dt)
         arrays.append(flat.reshape(shape, order=order))
     return header, arrays

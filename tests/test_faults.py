@@ -28,6 +28,7 @@ import zmq
 
 import fusion_shim
 from fusion_shim import transport, wire
+from fusion_shim.intercept import bypassed
 
 PY = sys.executable
 READY_S = 60  # a worker subprocess imports torch and warms up: ~2-3 s here, more on a busy machine
@@ -116,7 +117,8 @@ def operands(seed: int, n: int = 40, m: int = 30) -> tuple[np.ndarray, np.ndarra
     """Two operands and their product, computed before any shim is installed."""
     rng = np.random.default_rng(seed)
     a, b = rng.standard_normal((n, m)), rng.standard_normal((m, n))
-    return a, b, a @ b  # the operator is not intercepted
+    with bypassed():  # NumPy's own product, whatever shim is installed
+        return a, b, a @ b
 
 
 # -- (a) the worker never started -------------------------------------------------------------
@@ -178,10 +180,10 @@ def test_worker_killed_between_calls_and_replaced(workers):
     took = time.monotonic() - t
     rec = records(rt)[-1]
     assert rec.kind == "fallback", rec
-    # an external worker has no process handle to watch: the call waits for its timeout
-    assert rec.reason.startswith("Timeout"), rec.reason
-    assert took < 2.0 + 3, took
-    assert "worker fault: Timeout" in events(rt)
+    # the channel's monitor saw the connection close: the call does not wait for its deadline (issue 8)
+    assert rec.reason.startswith("WorkerLost"), rec.reason
+    assert took < 1.0, took
+    assert "worker fault: WorkerLost" in events(rt)
     assert fusion_shim.report()["ops"]["numpy.matmul"]["fallback"] == 1
 
     # a new worker on the same address: the shim's probe finds it and calls go there again
@@ -210,8 +212,9 @@ def test_external_worker_killed_during_call(workers):
     np.testing.assert_array_equal(got, want)
     assert proc.wait(10) == -signal.SIGKILL
     rec = records(rt)[-1]
-    assert rec.kind == "fallback" and rec.reason.startswith("Timeout"), rec
-    assert 2.5 < took < 3.0 + 3, took  # the shim's timeout, far below the 60 s default
+    # the closed connection is seen at once (issue 8), not at the 3 s deadline
+    assert rec.kind == "fallback" and rec.reason.startswith("WorkerLost"), rec
+    assert 0.5 <= took < 1.5, took
 
 
 EMBEDDED_APP = """\
@@ -219,10 +222,14 @@ EMBEDDED_APP = """\
     import numpy as np
     import fusion_shim
 
+    from fusion_shim.intercept import bypassed
+
     rt = fusion_shim.active()
     rng = np.random.default_rng(0)
     a, b, c = (rng.standard_normal((64, 64)) for _ in range(3))
-    out = {"r1": bool(np.allclose(np.matmul(a, a), a @ a, rtol=1e-12))}
+    with bypassed():  # NumPy's own products, for reference
+        aa, bb, cc = a @ a, b @ b, c @ c
+    out = {"r1": bool(np.allclose(np.matmul(a, a), aa, rtol=1e-12))}
     pid = rt.link.proc.pid
     out["first_pid"] = pid
     # stopped, the worker cannot answer: the next call is surely in flight when it is killed
@@ -231,9 +238,9 @@ EMBEDDED_APP = """\
     t = time.perf_counter()
     r2 = np.matmul(b, b)
     out["took"] = time.perf_counter() - t
-    out["r2"] = bool(np.array_equal(r2, b @ b))
+    out["r2"] = bool(np.array_equal(r2, bb))
     r3 = np.matmul(c, c)  # the restarted worker
-    out["r3"] = bool(np.allclose(r3, c @ c, rtol=1e-12))
+    out["r3"] = bool(np.allclose(r3, cc, rtol=1e-12))
     out["kinds"] = [r.kind for r in rt.ledger.records]
     out["reasons"] = [r.reason for r in rt.ledger.records]
     out["restarts"] = rt.link.restarts
@@ -288,7 +295,8 @@ def _call(rid: int, op: str = "matmul", arrays=None, params=None, layouts=None, 
     header = {"v": 1, "t": "call", "id": rid, "op": op,
               "params": {"cdtype": "<f8"} if params is None else params,
               "layouts": ["C"] if layouts is None else layouts,
-              "arrays": metas if arrays is None else arrays, **extra}
+              "arrays": metas if arrays is None else arrays,
+              "results": [{"dtype": "<f8", "shape": [2, 2]}], **extra}
     return [_header(**header), a.tobytes(), b.tobytes()]
 
 
@@ -312,7 +320,7 @@ GARBAGE = {
                                 b"\x00" * 16],
     "negative shape": _call(21, arrays=[{"dtype": "<f8", "shape": [-2, -3], "order": "C"},
                                         {"dtype": "<f8", "shape": [3, 2], "order": "C"}]),
-    "rank over limit": _call(22, arrays=[{"dtype": "<f8", "shape": [1] * 40, "order": "C"},
+    "rank over limit": _call(22, arrays=[{"dtype": "<f8", "shape": [1] * 65, "order": "C"},
                                          {"dtype": "<f8", "shape": [3, 2], "order": "C"}]),
     "shape not a list": _call(23, arrays=[{"dtype": "<f8", "shape": "2x3", "order": "C"},
                                           {"dtype": "<f8", "shape": [3, 2], "order": "C"}]),
@@ -451,19 +459,23 @@ class FakeWorker:
         sock.bind(self.url)
         self._bound.set()
         try:
-            while not self._stop.is_set():
-                if not sock.poll(20):
-                    continue
-                ident, *frames = sock.recv_multipart()
-                try:
-                    header, arrays = wire.decode(frames)
-                except wire.WireError:
-                    continue  # the shim only sends well-formed requests; nothing to answer here
-                for reply in self._answer(header, arrays):
-                    sock.send_multipart([ident, *[bytes(memoryview(f)) for f in reply]])
+            with bypassed():  # its own `@` must not go through the shim under test (to itself)
+                self._loop(sock)
         finally:
             sock.close(0)
             ctx.term()
+
+    def _loop(self, sock) -> None:
+        while not self._stop.is_set():
+            if not sock.poll(20):
+                continue
+            ident, *frames = sock.recv_multipart()
+            try:
+                header, arrays = wire.decode(frames)
+            except wire.WireError:
+                continue  # the shim only sends well-formed requests; nothing to answer here
+            for reply in self._answer(header, arrays):
+                sock.send_multipart([ident, *[bytes(memoryview(f)) for f in reply]])
 
     def _answer(self, header: dict, arrays: list) -> list[list]:
         rid = header["id"]
@@ -552,8 +564,10 @@ def test_wrong_answers_from_a_worker_are_computed_locally(fake):
         rec = records(rt)[-1]
         assert rec.kind == "fallback", (mode, rec)
         assert rec.reason.startswith(reason), (mode, rec.reason)
-        # the link recovers: the next call goes to the worker again
+        # the link recovers: once the background probe has its answer, calls go to the worker again
+        # (a call never waits for a worker that faulted, issue 8; it runs locally meanwhile)
         fake.mode = "ok"
+        assert rt.link.wait_ready(5), (mode, events(rt))
         np.testing.assert_allclose(np.matmul(a, b), want, rtol=1e-12)
         assert records(rt)[-1].kind == "worker", (mode, records(rt)[-1])
     rep = fusion_shim.report()
@@ -583,6 +597,7 @@ def test_late_reply_does_not_answer_the_next_call(fake):
     rec = records(rt)[-1]
     assert rec.kind == "fallback" and rec.reason.startswith("Timeout"), rec
     # the next call, same shapes: its reply comes right after the late reply to the first call
+    assert rt.link.wait_ready(5), events(rt)  # after a fault calls run locally until the probe answers
     c, d, want2 = operands(301, n=30, m=20)
     np.testing.assert_allclose(np.matmul(c, d), want2, rtol=1e-12)
     assert records(rt)[-1].kind == "worker"

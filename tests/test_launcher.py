@@ -260,7 +260,7 @@ KIDS = """\
         delta = lambda k: after.get(k, 0) - before.get(k, 0)
         return {"pid": os.getpid(), "active": rt is not None,
                 "policy": None if rt is None else rt.config.policy,
-                "wrapped": isinstance(np.matmul, wrapt.FunctionWrapper),
+                "wrapped": isinstance(np.matmul, wrapt.ObjectProxy),
                 "calls": delta("calls"), "below_floor": delta("below_floor"),
                 "worker": os.environ.get("FUSION_SHIM_WORKER")}
 
@@ -386,14 +386,16 @@ def test_install_uninstall_restore_exactly(no_shim):
                                   else np, path.rpartition(".")[2])
     named = {path: lookup(path) for path in paths}
     before = _snapshot()
-    assert not any(isinstance(v, wrapt.FunctionWrapper) for mod in before.values() for v in mod.values())
+    assert not any(isinstance(v, wrapt.ObjectProxy) for mod in before.values() for v in mod.values())
 
     rt = fusion_shim.install(policy="local", quiet=True)
     assert fusion_shim.active() is rt
     wrapped = {spec.name: getattr(sys.modules[spec.module], spec.attr) for spec in CATALOG}
     for spec in CATALOG:
         current = wrapped[spec.name]
-        assert isinstance(current, wrapt.FunctionWrapper), spec.name
+        # the C fast path's proxy; rows whose arrays come in a list (multi_dot, lu_solve) keep wrapt's
+        # Python path, whose floor check looks inside it (issue 4)
+        assert isinstance(current, wrapt.FunctionWrapper if spec.nested else wrapt.ObjectProxy), spec.name
         assert current.__wrapped__ is before[spec.module][spec.attr], spec.name
     assert all(lookup(path) is not original for path, original in named.items())
 

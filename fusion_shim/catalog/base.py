@@ -37,6 +37,9 @@ class OpSpec:
     kernel: str = ""            # worker kernel id; defaults to name without "numpy."
     args: tuple[str, ...] = ("a", "b")  # the parameters that carry arrays (in the signature's order)
     trigger: str = "numpy"      # the module whose import patches this row (issue 4: scipy rows)
+    # an array parameter holds a list or tuple of arrays (multi_dot's arrays, lu_solve's (lu, piv)):
+    # the interceptor's byte floor must look inside it, which only its Python fast path does
+    nested: bool = False
 
     @property
     def kernel_id(self) -> str:
@@ -54,6 +57,7 @@ class Prepared:
     out: ndarray | None = None
     scalar_0d: bool = False   # NumPy returns a scalar, not a 0-d array, when the result is 0-d
     returns: str = "array"    # "array", or the numpy.linalg named tuple the results form
+    scalar_out: bool = False  # np.dot: a 0-d out= is returned as a scalar too (NumPy's PyArray_Return)
     # Builds NumPy's return value from the worker's arrays when the three fields above cannot say it
     # (eig's real-or-complex result, lstsq's tuple, a result NumPy returns as a view, ...). It only
     # rearranges what the worker computed, with NumPy's own cheap operations; it never raises.
@@ -275,10 +279,11 @@ def tiny(a: ndarray, core: tuple = (), fill: str = "zeros", dtype: Any = None) -
 
 def unwrap(fn: Any) -> Any:
     """The function behind the shim's wrapper (only the shim's: NumPy's dispatchers and SciPy's
-    batching decorators carry ``__wrapped__`` too, and must stay in place)."""
+    batching decorators carry ``__wrapped__`` too, and must stay in place). The shim wraps with a
+    ``wrapt.FunctionWrapper`` or, with its C extension, a ``wrapt.ObjectProxy`` subclass."""
     import wrapt
 
-    return fn.__wrapped__ if isinstance(fn, wrapt.FunctionWrapper) else fn
+    return fn.__wrapped__ if isinstance(fn, (wrapt.FunctionWrapper, wrapt.ObjectProxy)) else fn
 
 
 def original(spec: OpSpec) -> Callable:

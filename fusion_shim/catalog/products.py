@@ -82,7 +82,27 @@ def rule_dot(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     shape = a.shape[:-1] + b.shape[:k_axis_b] + b.shape[k_axis_b + 1:]
     out = out_arg(ba.arguments.get("out"), dt, shape, need_c=True)
     flops = 2.0 * (a.size / a.shape[-1]) * b.size * cfactor(dt)
-    return Prepared(spec, [a, b], {"cdtype": dt.str}, [(dt, shape)], ["C"], flops, out, scalar_0d=True)
+    return Prepared(spec, [a, b], {"cdtype": dt.str}, [(dt, shape)], ["C"], flops, out, scalar_0d=True,
+                    scalar_out=True)
+
+
+def rule_imatmul(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
+    """``a @= b`` (issue 3). NumPy computes ``matmul(a, b, out=a)`` with ``axes=`` that forbid
+    changing a's shape: b needs two dimensions at least and the product must have exactly a's
+    shape; its dtype must be a's (NumPy would cast, or refuse, otherwise: left to NumPy)."""
+    a, b = array_arg(ba.arguments["x1"], "x1"), array_arg(ba.arguments["x2"], "x2")
+    if b.ndim < 2:
+        raise Unsupported("a @= b needs b with two dimensions at least")
+    prep = rule_matmul(spec, ba)
+    dt, shape = prep.results[0]
+    if shape != a.shape:
+        raise Unsupported(f"a @= b would change a's shape {list(a.shape)} to {list(shape)}")
+    if dt != a.dtype:
+        raise Unsupported(f"a @= b computes in {dt}, a is {a.dtype}")
+    if not a.flags.writeable:
+        raise Unsupported("a is read-only")
+    prep.out, prep.scalar_0d = a, False
+    return prep
 
 
 def rule_vdot(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
@@ -377,5 +397,25 @@ ROWS: tuple[OpSpec, ...] = (
     OpSpec("numpy.linalg.trace", "numpy.linalg", "trace", "products", rule_trace, ("offset", "dtype"),
            args=("x",)),
     OpSpec("numpy.linalg.multi_dot", "numpy.linalg", "multi_dot", "products", rule_multi_dot, ("out",),
-           args=("arrays",)),
+           args=("arrays",), nested=True),
+)
+
+# The ndarray operators and method the C trampolines route here (issue 3; fusion_shim/intercept/
+# native.py). Not patched by attribute: ``attr`` only names them. Their signatures are the ones the
+# trampolines call with: ``a @ b`` is np.matmul, ``a.dot(b, out=None)`` is np.dot, ``a @= b`` is
+# matmul into a. Indexed by the trampolines' kind: 0 ``@``, 1 ``@=``, 2 ``.dot``.
+_P = inspect.Parameter
+OPERATORS: tuple[OpSpec, ...] = (
+    OpSpec("numpy.ndarray.__matmul__", "numpy", "ndarray.__matmul__", "products", rule_matmul, ("out",),
+           kernel="matmul", args=X12),
+    OpSpec("numpy.ndarray.__imatmul__", "numpy", "ndarray.__imatmul__", "products", rule_imatmul,
+           kernel="matmul", args=X12),
+    OpSpec("numpy.ndarray.dot", "numpy", "ndarray.dot", "products", rule_dot, ("out",), kernel="dot"),
+)
+OPERATOR_SIGNATURES: tuple[inspect.Signature, ...] = (
+    inspect.Signature([_P("x1", _P.POSITIONAL_ONLY), _P("x2", _P.POSITIONAL_ONLY),
+                       _P("out", _P.KEYWORD_ONLY, default=None)]),
+    inspect.Signature([_P("x1", _P.POSITIONAL_ONLY), _P("x2", _P.POSITIONAL_ONLY)]),
+    inspect.Signature([_P("a", _P.POSITIONAL_OR_KEYWORD), _P("b", _P.POSITIONAL_OR_KEYWORD),
+                       _P("out", _P.POSITIONAL_OR_KEYWORD, default=None)]),
 )

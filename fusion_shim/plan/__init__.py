@@ -71,7 +71,9 @@ def decide(policy: str, family: str, flops: float, bytes_in: int, bytes_out: int
     if policy == "remote":
         if worker_state != "ready":
             return Decision("local", f"worker {worker_state}")
-        return Decision("worker", "policy remote")
+        # priced anyway, so that the report can estimate what offloading saved or cost
+        return Decision("worker", "policy remote", profile.predict_local(family, flops),
+                        profile.predict_remote(family, flops, bytes_in, bytes_out))
     if flops < min_flops:
         return Decision("local", f"below the floor: {flops:.3g} flops < {min_flops:.3g}")
     if worker_state != "ready":

@@ -1,47 +1,117 @@
-"""The end-of-run report: a table on stderr, and JSON with ``--report PATH``.
+"""The end-of-run report: a summary on stderr, JSON with ``--report PATH``, a Chrome-trace timeline
+with ``--trace PATH`` (:mod:`fusion_shim.report.trace`), and re-pricing of a saved run under another
+link or device (:mod:`fusion_shim.report.whatif`).
 
 JSON schema ``fusion_shim.report/1`` (a map):
 
-- ``schema``: the string ``"fusion_shim.report/1"``; ``pid``; ``argv``; ``policy``; ``wall_s``
-  (seconds from install to exit);
-- ``worker``: ``url``, ``embedded`` (bool), ``state``, ``ready_after_s`` (null if it never was),
+- ``schema``: ``"fusion_shim.report/1"``; ``pid``; ``argv``; ``policy``; ``verify`` (the fraction of
+  worker answers checked); ``wall_s`` (seconds from install to the report);
+- ``worker``: ``url``, ``embedded``, ``state``, ``ready_after_s`` (null if never), ``restarts``,
   ``info`` (the worker's ``ready`` reply: pid, device, torch version, self-benchmark in GFLOP/s);
-- ``ops``: per op name: ``family``, ``calls`` (recorded calls), ``worker``, ``local`` (decided
-  local), ``unsupported`` (arguments the row cannot offload), ``fallback`` (meant for the worker,
-  computed here after a fault or while it was not ready), ``below_floor`` (kept local by the size
-  floor, counted only), ``bytes_sent``, ``bytes_received``, ``wall_s``, ``phases`` (seconds per
-  phase: wait_ready, encode, transfer, h2d, kernel, d2h, decode, local), ``reasons`` (text -> count);
-- ``events``: worker lifecycle, ``{"t_s", "what"}``;
-- ``records``: one map per recorded call (see :class:`fusion_shim.ledger.Record`), at most
-  ``ledger.MAX_RECORDS``; ``records_dropped`` counts the rest.
+- ``ops``: per op: ``family``, ``calls`` (recorded calls), ``worker``, ``local`` (decided local),
+  ``unsupported`` (arguments the row cannot offload), ``fallback`` (meant for the worker, computed
+  here after a fault or while it was not ready), ``below_floor`` (kept local by the size floor,
+  counted only), ``verified`` and ``mismatches`` (checked answers), ``bytes_sent`` and
+  ``bytes_received`` (counted at the socket, headers included), ``resident_hits``, ``bytes_saved``,
+  ``resends``, ``evictions`` (residency), ``wall_s``, ``phases`` (seconds per
+  phase, see ``ledger.PHASES``; ``verify`` is the checks' own time, outside ``wall_s``), ``reasons``;
+- ``operators``: ``intercepted`` (bool: whether ``a @ b``, ``a @= b`` and ``a.dot(b)`` on ndarrays go
+  through the shim; their ops are ``numpy.ndarray.__matmul__``, ``__imatmul__``, ``dot``), ``why``
+  (the reason they are not: no C extension, ``FUSION_SHIM_NATIVE=0``, policy local, or an unexpected
+  NumPy), ``fast_path`` (``"C"`` or ``"wrapt"``: where the floor check of wrapped functions runs);
+- ``sites``: per call site (``file:line``): ``op``, ``calls``, ``wall_s``, ``worker``, ``verify_s``;
+- ``summary``: what the table shows, computed (see :func:`summarize`);
+- ``events``: worker lifecycle and pins, ``{"t_s", "what"}``;
+- ``records``: one map per call (``ledger.Record``): at most ``ledger.MAX_PER_SITE`` per site and
+  ``ledger.MAX_RECORDS`` in all; ``records_dropped`` counts the rest (they are in the aggregates).
 """
 from __future__ import annotations
 
 import json
+import math
 import os
+import statistics
 import sys
 from typing import Any, TextIO
 
 from ..ledger import PHASES
 
 SCHEMA = "fusion_shim.report/1"
+WORKER_PHASES = ("fingerprint", "encode", "send", "transfer", "h2d", "kernel", "d2h", "decode")
 
 
-def build(rt: Any) -> dict[str, Any]:
-    snap = rt.ledger.snapshot()
+def build(rt: Any, ledger: Any = None) -> dict[str, Any]:
+    """The report of ``rt``, from its ledger or from ``ledger`` (a notebook cell's share of it)."""
+    snap = (ledger or rt.ledger).snapshot()
     link = rt.link
-    return {
+    report = {
         "schema": SCHEMA,
         "pid": os.getpid(),
         "argv": list(sys.argv),
         "policy": rt.config.policy,
+        "verify": rt.config.verify,
         "wall_s": rt.ledger.now(),
+        "operators": dict(rt.operators),
         "worker": None if link is None else {
             "url": link.url, "embedded": link.embedded, "state": link.state,
             "ready_after_s": link.ready_after_s, "restarts": link.restarts, "info": link.info,
         },
         **snap,
     }
+    report["summary"] = summarize(report)
+    return report
+
+
+def summarize(report: dict[str, Any]) -> dict[str, Any]:
+    """The numbers under the table: time by place and by phase, bytes, checks, the estimate against
+    all-local, prediction error. Worker and local times exclude the checks' time."""
+    ops, records = report["ops"], report["records"]
+    by_phase = {p: sum(o["phases"].get(p, 0.0) for o in ops.values()) for p in (*PHASES, "verify")}
+    worker_calls = [r for r in records if r["kind"] == "worker"]
+    saved_measured = saved_estimated = 0.0
+    n_measured = n_estimated = 0
+    for r in worker_calls:
+        # the cold-worker wait has its own line: it is not the placement's cost
+        spent = r["wall_s"] - r["phases"].get("wait_ready", 0.0)
+        if r.get("local_measured_s") is not None:
+            saved_measured += r["local_measured_s"] - spent
+            n_measured += 1
+        elif r.get("predicted_local_s"):
+            saved_estimated += r["predicted_local_s"] - spent
+            n_estimated += 1
+    return {
+        "time_on_worker_path_s": sum(by_phase[p] for p in WORKER_PHASES),
+        "time_computed_here_s": by_phase["local"],
+        "time_waiting_for_cold_worker_s": by_phase["wait_ready"],
+        "time_checking_s": by_phase["verify"],
+        "time_by_phase_s": by_phase,
+        "calls": {k: sum(o[k] for o in ops.values())
+                  for k in ("worker", "local", "unsupported", "fallback", "below_floor", "verified", "mismatches")},
+        "residency": {k: sum(o.get(k, 0) for o in ops.values())
+                      for k in ("resident_hits", "bytes_saved", "resends", "evictions")},
+        "bytes_sent": sum(o["bytes_sent"] for o in ops.values()),
+        "bytes_received": sum(o["bytes_received"] for o in ops.values()),
+        "vs_all_local": {
+            "saved_measured_s": saved_measured, "calls_measured": n_measured,
+            "saved_estimated_s": saved_estimated, "calls_estimated": n_estimated,
+            "calls_unpriced": len(worker_calls) - n_measured - n_estimated,
+        },
+        "prediction_error": prediction_error(records),
+        "top_sites": sorted(({"site": k, **v} for k, v in report.get("sites", {}).items()),
+                            key=lambda s: -s["wall_s"])[:8],
+    }
+
+
+def prediction_error(records: list[dict]) -> dict[str, dict[str, float]]:
+    """Median |log(predicted / actual)| per family and place, over the calls that had a prediction."""
+    errors: dict[str, list[float]] = {}
+    for r in records:
+        if r["kind"] == "worker" and r.get("predicted_remote_s") and r["wall_s"] > 0:
+            errors.setdefault(f"{r['family']}/worker", []).append(abs(math.log(r["predicted_remote_s"] / r["wall_s"])))
+        local = r["phases"].get("local")
+        if r["kind"] == "local" and r.get("predicted_local_s") and local:
+            errors.setdefault(f"{r['family']}/local", []).append(abs(math.log(r["predicted_local_s"] / local)))
+    return {k: {"median_abs_log_ratio": statistics.median(v), "calls": len(v)} for k, v in sorted(errors.items())}
 
 
 def write_json(report: dict[str, Any], path: str) -> None:
@@ -61,6 +131,10 @@ def _ms(s: float | None) -> str:
     return f"{s * 1e3:.1f}ms" if s < 10 else f"{s:.1f}s"
 
 
+def _signed(s: float) -> str:
+    return ("saved " if s >= 0 else "lost ") + _ms(abs(s)) if s else "0"
+
+
 def format_table(report: dict[str, Any]) -> str:
     lines = []
     w = report.get("worker")
@@ -73,28 +147,62 @@ def format_table(report: dict[str, Any]) -> str:
         where = f"worker {w['url']} ({info.get('device', '?')}, {ready})"
     lines.append(f"fusion_shim report · pid {report['pid']} · policy {report['policy']} · {where} · "
                  f"wall {report['wall_s']:.2f}s")
+    operators = report.get("operators") or {}
+    if operators and not operators.get("intercepted") and operators.get("why") != "policy local":
+        lines.append(f"  operators @, @=, .dot: not intercepted ({operators.get('why')})")
     ops = report["ops"]
     if not ops:
         lines.append("  no intercepted calls")
         return "\n".join(lines)
+    sm = report.get("summary") or summarize(report)
     phases = [p for p in PHASES if any(o["phases"].get(p) for o in ops.values())]
-    head = ["op", "calls", "worker", "local", "unsup", "fallbk", "<floor", "sent", "recv", *phases]
+    checks = any(o.get("verified") for o in ops.values())
+    head = ["op", "calls", "worker", "local", "unsup", "fallbk", "<floor", *(["checked"] if checks else []),
+            "sent", "recv", *phases]
     rows = []
-    totals: dict[str, float] = {}
     for name, o in ops.items():
         rows.append([name.removeprefix("numpy."), str(o["calls"]), str(o["worker"]), str(o["local"]),
                      str(o["unsupported"]), str(o["fallback"]), str(o.get("below_floor", 0)),
+                     *([f"{o.get('verified', 0)}/{o.get('mismatches', 0)}!" if o.get("mismatches")
+                        else str(o.get("verified", 0))] if checks else []),
                      _mb(o["bytes_sent"]), _mb(o["bytes_received"]), *(_ms(o["phases"].get(p)) for p in phases)])
-        for p in phases:
-            totals[p] = totals.get(p, 0.0) + o["phases"].get(p, 0.0)
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
     fmt = lambda r: "  " + "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r))
     lines.append(fmt(head))
     lines.extend(fmt(r) for r in rows)
-    worker_s = sum(totals.get(p, 0.0) for p in ("encode", "transfer", "h2d", "kernel", "d2h", "decode"))
-    lines.append(f"  time in intercepted calls: on the worker path {_ms(worker_s)}, computed here "
-                 f"{_ms(totals.get('local'))}, waiting for a cold worker {_ms(totals.get('wait_ready'))}")
-    reasons = [(n, r, c) for n, o in ops.items() for r, c in o["reasons"].items()]
+    c = sm["calls"]
+    lines.append(f"  time in intercepted calls: worker path {_ms(sm['time_on_worker_path_s'])} ({c['worker']} calls), "
+                 f"computed here {_ms(sm['time_computed_here_s'])} "
+                 f"({c['local'] + c['unsupported'] + c['fallback']} calls, {c['below_floor']} more below the floor)")
+    lines.append(f"  waiting for a cold worker: {_ms(sm['time_waiting_for_cold_worker_s'])}")
+    lines.append(f"  bytes moved: sent {_mb(sm['bytes_sent'])}, received {_mb(sm['bytes_received'])}")
+    res = sm.get("residency") or {}
+    if res.get("resident_hits") or res.get("resends") or res.get("evictions"):
+        lines.append(f"  resident on the worker: {res['resident_hits']} inputs sent by reference "
+                     f"({_mb(res['bytes_saved'])} not moved), {res['resends']} resent, "
+                     f"{res['evictions']} evicted")
+    if checks:
+        lines.append(f"  checked: {c['verified']} answers ({c['mismatches']} mismatches), "
+                     f"{_ms(sm['time_checking_s'])} of local recompute kept out of the totals above")
+    vs = sm["vs_all_local"]
+    parts = []
+    if vs["calls_measured"]:
+        parts.append(f"{_signed(vs['saved_measured_s'])} measured on {vs['calls_measured']} checked calls")
+    if vs["calls_estimated"]:
+        parts.append(f"{_signed(vs['saved_estimated_s'])} ESTIMATED from predictions on {vs['calls_estimated']} calls")
+    if vs["calls_unpriced"]:
+        parts.append(f"{vs['calls_unpriced']} calls without a local price")
+    if parts:
+        lines.append("  against all-local: " + "; ".join(parts))
+    if sm["prediction_error"]:
+        lines.append("  prediction error, median |log(predicted/actual)|: " + ", ".join(
+            f"{k} {v['median_abs_log_ratio']:.2f} (n={v['calls']})" for k, v in sm["prediction_error"].items()))
+    if sm["top_sites"]:
+        lines.append("  top call sites by time:")
+        for s in sm["top_sites"][:5]:
+            lines.append(f"    {_ms(s['wall_s']):>9}  {s['calls']:>5} calls ({s['worker']} on the worker)  "
+                         f"{s['op'].removeprefix('numpy.')}  {s['site']}")
+    reasons = [(n, r, k) for n, o in ops.items() for r, k in o["reasons"].items()]
     if reasons:
         lines.append("  ran here instead of on the worker:")
         for name, reason, count in sorted(reasons, key=lambda x: -x[2])[:12]:
@@ -108,14 +216,24 @@ def at_exit(rt: Any, stream: TextIO | None = None) -> None:
     report = build(rt)
     if rt.config.report:
         write_json(report, rt.config.report)
-    if not rt.config.quiet and (report["ops"] or rt.config.report):
+    if rt.config.trace:
+        from .trace import write_trace
+
+        write_trace(report, rt.config.trace)
+    operators = report["operators"]
+    # a program that only uses `@` must still learn that it was not intercepted (issue 3)
+    unexpected = not operators["intercepted"] and operators["why"] not in ("policy local", "FUSION_SHIM_NATIVE=0")
+    if not rt.config.quiet and (report["ops"] or rt.config.report or unexpected):
         print(format_table(report), file=stream or sys.stderr)
 
 
-def render(path: str) -> str:
+def load(path: str) -> dict[str, Any]:
     with open(path) as f:
         report = json.load(f)
     if report.get("schema") != SCHEMA:
         raise ValueError(f"{path} is not a {SCHEMA} file (schema {report.get('schema')!r})")
-    return format_table(report)
+    return report
 
+
+def render(path: str) -> str:
+    return format_table(load(path))

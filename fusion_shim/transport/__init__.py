@@ -5,10 +5,22 @@ are ZeroMQ: the client holds a DEALER socket per thread, the worker one ROUTER.
 The one operation a caller needs is :meth:`Channel.request`: send a message and wait, up to a
 deadline, for the reply that carries the same request id. Failures are grouped by what the caller
 can do about them: every :class:`TransportError` means "compute locally and record why".
+
+A waiting client learns that its worker is gone without waiting out the deadline (issue 8). A
+killed worker closes its connections at once; a stopped or unreachable one is found by heartbeats:
+next to its data socket each channel holds a *pulse* socket to the same worker that carries no
+messages, only ZMTP heartbeats (``HEARTBEAT_IVL_MS``), dropped after ``HEARTBEAT_TIMEOUT_MS``
+without an answer. (Heartbeats on the data socket itself would drop any reply that takes longer
+than the time-out to transfer: libzmq queues the worker's PONG behind the message being sent.) A
+socket monitor turns a dropped connection into :class:`WorkerLost` while a request waits: a reply
+can never arrive over a connection that is gone, since the worker's ROUTER addresses replies to the
+connection the request came on. A worker that refuses the client's CURVE key, or a handshake that
+fails, is :class:`Refused`.
 """
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import os
 import threading
 import time
@@ -19,7 +31,13 @@ import zmq
 from .. import wire
 
 SCHEMES = ("inproc", "ipc", "tcp")
-POLL_SLICE_S = 0.05  # how often a waiting client checks that an embedded worker is still alive
+POLL_SLICE_S = 0.05  # how often a waiting client checks that its worker is still there
+HEARTBEAT_IVL_MS = 250
+HEARTBEAT_TIMEOUT_MS = 1000  # a stopped worker is noticed about this long after its last answer (issue 8)
+RECONNECT_IVL_MS = 20        # a restarted worker is found this soon (libzmq's default is 100 ms),
+RECONNECT_IVL_MAX_MS = 1000  # backing off to once a second while it stays away
+_WATCHED = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 
 class TransportError(Exception):
@@ -36,6 +54,14 @@ class WorkerDied(TransportError):
 
 class BadReply(TransportError):
     pass
+
+
+class WorkerLost(TransportError):
+    """The connection to the worker dropped while a request waited (killed, stopped, unreachable)."""
+
+
+class Refused(TransportError):
+    """The security handshake failed: the worker refused this client's key, or the keys do not match."""
 
 
 def check_url(url: str) -> str:
@@ -73,24 +99,122 @@ def context() -> zmq.Context:
         return _ctx[1]
 
 
-def send_frames(sock: zmq.Socket, frames: Sequence[Any], prefix: Sequence[bytes] = ()) -> None:
+_monitor_ids = itertools.count()
+
+
+def _monitor_addr() -> str:
+    return f"inproc://fusion-shim-monitor-{os.getpid()}-{next(_monitor_ids)}"
+
+
+def _reset_after_fork() -> None:
+    global _ctx_lock
+    _ctx_lock = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_reset_after_fork)
+
+
+def frame_bytes(frame: Any) -> int:
+    return frame.nbytes if hasattr(frame, "nbytes") else len(frame)
+
+
+def send_frames(sock: zmq.Socket, frames: Sequence[Any], prefix: Sequence[bytes] = ()) -> int:
+    """Send a multipart message; returns the bytes of ``frames`` (the prefix is routing, not payload)."""
     parts = [*prefix, *frames]
     last = len(parts) - 1
     for i, part in enumerate(parts):
-        nbytes = part.nbytes if hasattr(part, "nbytes") else len(part)
-        sock.send(part, zmq.SNDMORE if i < last else 0, copy=nbytes < wire.ZERO_COPY_MIN)
+        sock.send(part, zmq.SNDMORE if i < last else 0, copy=frame_bytes(part) < wire.ZERO_COPY_MIN)
+    return sum(frame_bytes(f) for f in frames)
 
 
 class Channel:
-    """A client's connection to one worker, used by one thread at a time."""
+    """A client's connection to one worker, used by one thread at a time.
 
-    def __init__(self, url: str):
+    ``curve``: ``(server_public, client_public, client_secret)`` (z85 bytes) to speak CURVE, or None.
+    A forked child never uses its parent's channel: callers compare ``pid`` (issue 8)."""
+
+    def __init__(self, url: str, curve: tuple[bytes, bytes, bytes] | None = None):
         check_url(url)
+        self.sock = self.pulse = None
+        self.monitors: list[zmq.Socket] = []
+        try:
+            self._open(url, curve)
+        except zmq.ZMQError as exc:  # e.g. out of file descriptors: a fault like any other
+            self.close()
+            raise TransportError(f"cannot open a channel to {url}: {exc}") from None
+
+    def _open(self, url: str, curve: tuple[bytes, bytes, bytes] | None) -> None:
         self.url = url
         self.pid = os.getpid()
-        self.sock = context().socket(zmq.DEALER)
+        self.handshakes = 0  # successful handshakes of the data socket (reconnects add to it)
+        self.up = False      # the data socket's connection, as its monitor last said
+        self._pending: list[TransportError] = []
+        self.curve = curve is not None
+        ctx = context()
+        self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(url)
+        self.sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+        self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+        if not url.startswith("inproc://"):  # inproc: same process, nothing to lose, nothing to watch
+            self.pulse = ctx.socket(zmq.DEALER)
+            self.pulse.setsockopt(zmq.LINGER, 0)
+            self.pulse.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
+            self.pulse.setsockopt(zmq.RECONNECT_IVL_MAX, RECONNECT_IVL_MAX_MS)
+            self.pulse.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+            self.pulse.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+            # named by pid and a counter: pyzmq's default name reuses the socket's file descriptor,
+            # which a channel opened right after another was closed can get again
+            self.monitors = [
+                self.sock.get_monitor_socket(_WATCHED, addr=_monitor_addr()),
+                self.pulse.get_monitor_socket(zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED,
+                                              addr=_monitor_addr()),
+            ]
+            for mon in self.monitors:
+                mon.setsockopt(zmq.LINGER, 0)
+        for sock in (self.sock, self.pulse):
+            if sock is None:
+                continue
+            if curve is not None:
+                sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = curve
+            sock.connect(url)
+        self.pulse_up = False
+        # what the last request() put on and took off this socket, counted at the socket (issue 7)
+        self.last_send_s = 0.0
+        self.last_bytes_sent = 0
+        self.last_bytes_received = 0
+
+    def _events(self) -> None:
+        """Read the monitors (never blocks); raise what a waiting request must know, in order."""
+        for i, mon in enumerate(self.monitors):
+            while mon.poll(0):
+                event = int.from_bytes(mon.recv_multipart()[0][:2], "little")
+                if i == 1:
+                    if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                        self.pulse_up = True
+                    elif event == zmq.EVENT_DISCONNECTED and self.pulse_up:
+                        self.pulse_up = False
+                        self._pending.append(WorkerLost(
+                            f"no heartbeat from {self.url} for {HEARTBEAT_TIMEOUT_MS} ms, or its connection "
+                            "closed (worker stopped, killed or unreachable)"))
+                    continue
+                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self.handshakes += 1
+                    self.up = True
+                elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                    self._pending.append(Refused(f"the worker at {self.url} refused this client's key"))
+                elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                    self._pending.append(Refused(
+                        f"security handshake with {self.url} failed (wrong server key, or one side speaks "
+                        "CURVE and the other does not)"))
+                elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
+                    if self.up:
+                        self._pending.append(WorkerLost(f"connection to {self.url} lost (worker killed, "
+                                                        "stopped or unreachable)"))
+                    else:  # a worker dying mid-handshake looks the same as one refusing our keys
+                        hint = " (with CURVE: or a wrong server key)" if self.curve else ""
+                        self._pending.append(WorkerLost(
+                            f"{self.url} closed the connection before the handshake completed{hint}"))
+                    self.up = False
 
     def request(
         self,
@@ -100,10 +224,23 @@ class Channel:
         alive: Callable[[], bool] | None = None,
     ) -> tuple[dict, list]:
         """Send ``frames`` and return the decoded reply with id ``rid``; raise TransportError."""
+        # what happened before this request (an old disconnect) is not about it, except that a
+        # connection known to be down cannot carry it: fail now rather than at the deadline
         try:
-            send_frames(self.sock, frames)
+            self._pending = []
+            self._events()
+            self._pending = []
+            if self.handshakes and not self.up:
+                raise WorkerLost(f"connection to {self.url} is down (lost since the last call, not yet back)")
+            t = time.perf_counter()
+            self.last_bytes_sent = send_frames(self.sock, frames)
+            self.last_send_s = time.perf_counter() - t
+            self.last_bytes_received = 0
+            return self._wait(rid, deadline, alive)
         except zmq.ZMQError as exc:
-            raise TransportError(f"send failed: {exc}") from None
+            raise TransportError(f"socket error: {exc}") from None
+
+    def _wait(self, rid: int, deadline: float, alive: Callable[[], bool] | None) -> tuple[dict, list]:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -111,8 +248,12 @@ class Channel:
             if not self.sock.poll(int(min(left, POLL_SLICE_S) * 1000) + 1):
                 if alive is not None and not alive():
                     raise WorkerDied(f"worker at {self.url} exited")
+                self._events()
+                if self._pending:
+                    raise self._pending[0]
                 continue
             reply = self.sock.recv_multipart(copy=False)
+            self.last_bytes_received += sum(frame_bytes(f) for f in reply)
             try:
                 header, arrays = wire.decode(reply)
             except wire.WireError as exc:
@@ -122,4 +263,14 @@ class Channel:
             return header, arrays
 
     def close(self) -> None:
-        self.sock.close(linger=0)
+        for sock in (self.sock, self.pulse):
+            if sock is None or sock.closed:
+                continue
+            if self.monitors:
+                try:
+                    sock.disable_monitor()
+                except zmq.ZMQError:
+                    pass
+            sock.close(linger=0)
+        for mon in self.monitors:
+            mon.close(linger=0)

@@ -687,6 +687,8 @@ KERNELS: dict[str, Kernel] = {
     "linalg.matrix_power": _matrix_power,
     "fft.fft1": _fft1,
     "fft.fftn": _fftn,
+    **{f"fft.{name}": _fft1 for name in ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft")},
+    **{f"fft.{name}": _fftn for name in ("fft2", "ifft2", "fftn", "ifftn", "rfft2", "irfft2", "rfftn", "irfftn")},
     "scipy.linalg.solve": _s_solve,
     "scipy.linalg.inv": _s_inv,
     "scipy.linalg.lu_factor": _s_lu_factor,
@@ -714,28 +716,40 @@ class TorchBackend:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
+    def to_device(self, a: np.ndarray) -> torch.Tensor:
+        """An input on the device, in its own dtype (the resident store keeps it so)."""
+        return torch.from_numpy(_aligned(a)).to(self.device)
+
     def run(self, kernel: Kernel, arrays: list[np.ndarray], params: dict, layouts: list) -> tuple[list, dict]:
-        cdtype = DTYPES[np.dtype(params["cdtype"])]
-        idtypes = params.get("idtypes") or [None] * len(arrays)
-        rdtypes = params.get("rdtypes")
-        if len(idtypes) != len(arrays):
-            raise ValueError(f"{len(idtypes)} idtypes for {len(arrays)} operands")
+        """Host arrays in, host arrays out, with the time of each phase (the health check; test
+        backends offer only this)."""
         t0 = time.perf_counter()
-        tensors = [torch.from_numpy(_aligned(a)).to(self.device).to(cdtype if d is None else _dt(d))
-                   for a, d in zip(arrays, idtypes)]
+        tensors = [self.to_device(a) for a in arrays]
         self.sync()
         t1 = time.perf_counter()
-        results = kernel(tensors, params)
+        results = self.compute(kernel, tensors, params, layouts)
+        self.sync()
+        t2 = time.perf_counter()
+        out = self.to_host(results)
+        return out, {"h2d": t1 - t0, "kernel": t2 - t1, "d2h": time.perf_counter() - t2}
+
+    def compute(self, kernel: Kernel, tensors: list, params: dict, layouts: list) -> list:
+        """Device results in the layouts the client asked for; inputs cast to the compute dtype."""
+        cdtype = DTYPES[np.dtype(params["cdtype"])]
+        idtypes = params.get("idtypes") or [None] * len(tensors)  # per operand, where they differ (issue 4)
+        rdtypes = params.get("rdtypes")
+        if len(idtypes) != len(tensors):
+            raise ValueError(f"{len(idtypes)} idtypes for {len(tensors)} operands")
+        results = kernel([t.to(cdtype if d is None else _dt(d)) for t, d in zip(tensors, idtypes)], params)
         if len(results) != len(layouts) or (rdtypes is not None and len(rdtypes) != len(results)):
             raise ValueError(f"kernel made {len(results)} results, the call asked for {len(layouts)} layouts")
         if rdtypes is not None:  # NumPy's result types (single precision from a double computation)
             results = [r.to(_dt(d)) for r, d in zip(results, rdtypes)]
-        results = [_with_layout(r.resolve_conj().resolve_neg(), lay) for r, lay in zip(results, layouts)]
-        self.sync()
-        t2 = time.perf_counter()
-        out = [r.cpu().numpy() for r in results]
-        t3 = time.perf_counter()
-        return out, {"h2d": t1 - t0, "kernel": t2 - t1, "d2h": t3 - t2}
+        return [_with_layout(r.resolve_conj().resolve_neg(), lay) for r, lay in zip(results, layouts)]
+
+    @staticmethod
+    def to_host(results: list) -> list[np.ndarray]:
+        return [r.cpu().numpy() for r in results]
 
     def warm(self) -> dict[str, float]:
         """A first kernel per dtype, then the planner's three probes (fusion_shim.plan.calibrate_local)

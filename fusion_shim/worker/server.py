@@ -3,48 +3,110 @@
 It imports neither wrapt nor the planner. Every request is validated (:func:`fusion_shim.wire.decode`)
 before anything is allocated; whatever a request does wrong is answered with an ``error`` reply and
 the loop goes on: a client can make a call fail, never the worker.
+
+Issue 8 (security and faults):
+
+- It binds loopback or ``ipc://`` unless told otherwise. A network address needs ``keys`` (CURVE
+  with a ZAP allow-list, :mod:`fusion_shim.auth`; also usable on loopback) or ``insecure=True``,
+  which warns loudly. ``max_bytes`` is the budget of one message; it is ZeroMQ's ``MAXMSGSIZE`` on
+  the socket as well, so a larger frame is dropped with its connection before it is buffered.
+- A call declares its results; they count against the budget before the kernel runs, FFT sizes
+  (``n``, ``s``) must fit them, and a kernel that returns anything else is answered with an error.
+- Out of memory: the resident store is emptied (but for this call's inputs), caches are freed and
+  the call is tried once more, then answered with an ``out_of_memory`` error (the client computes
+  it locally).
+- ``hello`` runs a health check through the same path as a call and compares the answer exactly.
+
+Issue 6 (residency): inputs a client tags with a fingerprint and results of at least
+``residency.RESIDENT_MIN`` bytes stay on the device in :class:`.store.ResidentStore`; a reference
+the store does not hold is answered ``missing``. A backend without ``to_device`` / ``compute`` /
+``to_host`` (a test backend) keeps nothing and answers every reference ``missing``.
 """
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import threading
 import time
 from typing import Any
 
+import numpy as np
 import zmq
 
 from .. import wire
+from ..residency import RESIDENT_MIN, fingerprint
 from ..transport import context, is_loopback, send_frames
+from .store import ResidentStore, default_budget
 
 MAX_MESSAGE_BYTES = 1 << 36
+ALIGN = 16  # bytes: inputs a CPU kernel reads in place start at a multiple of this
+# FFT sizes name an output length: each must fit the declared results (rfft gives n // 2 + 1)
+SIZE_PARAMS = {"fft.": ("n", "s")}
+_HEALTH_A = np.array([[1.0, 2.0], [3.0, 4.0]])
+_HEALTH_B = np.array([[5.0, 6.0], [7.0, 8.0]])
+_HEALTH_AB = np.array([[19.0, 22.0], [43.0, 50.0]])  # exact in binary floating point
 
 
 class Worker:
-    def __init__(self, device: str = "auto", test_delay: float = 0.0):
-        from .kernels import KERNELS, TorchBackend  # torch only here, on the worker side
+    """``backend`` and ``kernels`` default to torch (:mod:`.kernels`); tests may give a NumPy pair
+    (a backend has ``device``, ``warm()``, ``run(kernel, arrays, params, layouts)``)."""
 
-        self.kernels = KERNELS
-        self.backend = TorchBackend(device)
+    def __init__(self, device: str = "auto", test_delay: float = 0.0, test_corrupt: bool = False,
+                 memory_budget: int | None = None, *, max_bytes: int = MAX_MESSAGE_BYTES,
+                 backend: Any = None, kernels: dict | None = None):
+        if backend is None:
+            from .kernels import KERNELS, TorchBackend  # torch only here, on the worker side
+
+            backend, kernels = TorchBackend(device), KERNELS
+        self.kernels = kernels
+        self.backend = backend
+        self.max_bytes = max_bytes
         self.test_delay = test_delay  # test-only: hold every call this long, to kill it mid-call
+        self.test_corrupt = test_corrupt  # test-only: return wrong answers, for verification tests
+        self.traffic = {"calls": 0, "bytes_in": 0, "bytes_out": 0}  # call messages, counted at the socket
         self.info: dict[str, Any] = {}
+        self.last_was_call = False
+        self.resident = hasattr(backend, "compute")  # residency needs a device-level backend (issue 6)
+        budget = memory_budget if memory_budget is not None else (
+            default_budget(backend.device) if self.resident else 0)
+        self.store = ResidentStore(budget)
 
     def warm(self) -> None:
-        import torch
-
         bench = self.backend.warm()
-        self.info = {"pid": os.getpid(), "device": str(self.backend.device), "torch": torch.__version__,
-                     "bench": bench, "test_delay": self.test_delay}
+        torch = sys.modules.get("torch")  # loaded by the torch backend; a test backend has none
+        self.info = {"pid": os.getpid(), "device": str(self.backend.device),
+                     "torch": getattr(torch, "__version__", "none"), "bench": bench, "test_delay": self.test_delay,
+                     "test_corrupt": self.test_corrupt, "memory_budget": self.store.budget}
+
+    def health(self) -> str | None:
+        """A small matmul through the call path (to the device and back), its answer checked
+        exactly; None when healthy, else what went wrong."""
+        try:
+            out, _ = self.backend.run(self.kernels["matmul"], [_HEALTH_A, _HEALTH_B], {"cdtype": "<f8"}, ["C"])
+        except Exception as exc:
+            return f"health check raised {type(exc).__name__}: {exc}"[:500]
+        if len(out) != 1 or not np.array_equal(out[0], _HEALTH_AB):
+            return f"health check: a 2x2 matmul gave {[np.asarray(o).tolist() for o in out]}, not {_HEALTH_AB.tolist()}"
+        return None
 
     def handle(self, frames: list) -> list:
         """One request in, one reply out; never raises."""
         rid = 0
+        self.last_was_call = False
         try:
-            header, arrays = wire.decode(frames, max_bytes=MAX_MESSAGE_BYTES)
+            header, arrays = wire.decode(frames, max_bytes=self.max_bytes)
             rid = header["id"]
             kind = header["t"]
+            self.last_was_call = kind == "call"
+            if kind == "stats":
+                return wire.encode({"t": "stats", "id": rid, **self.traffic, **self.store.stats()})
             if kind == "hello":
-                return wire.encode({"t": "ready", "id": rid, **self.info})
+                t = time.perf_counter()
+                sick = self.health()
+                if sick is not None:
+                    return _error(rid, "unhealthy", "HealthCheck", sick)
+                return wire.encode({"t": "ready", "id": rid, **self.info, "health_s": time.perf_counter() - t})
             if kind != "call":
                 return _error(rid, "bad_request", "WireError", f"a worker does not accept {kind!r}")
             return self._call(rid, header, arrays)
@@ -60,32 +122,223 @@ class Worker:
         params, layouts = header.get("params"), header.get("layouts")
         if not isinstance(params, dict) or not isinstance(layouts, list) or "cdtype" not in params:
             return _error(rid, "bad_request", "WireError", "a call needs 'params' with 'cdtype' and 'layouts'")
-        if params["cdtype"] not in wire.DTYPES:
+        if not isinstance(params["cdtype"], str) or params["cdtype"] not in wire.DTYPES:
             return _error(rid, "bad_request", "WireError", f"cdtype {params['cdtype']!r} is not accepted")
+        declared = wire.declared_results(
+            header.get("results"), self.max_bytes - sum(a.nbytes for a in arrays if not isinstance(a, wire.Ref)))
+        if len(declared) != len(layouts):
+            return _error(rid, "bad_request", "WireError", f"{len(declared)} declared results, {len(layouts)} layouts")
+        too_big = _size_params_over(header["op"], params, declared)
+        if too_big:
+            return _error(rid, "bad_request", "WireError", too_big)
         if self.test_delay:
             time.sleep(self.test_delay)
+        extra: dict[str, Any] = {}
         try:
-            results, timing = self.backend.run(kernel, arrays, params, layouts)
+            if self.resident:
+                results, timing, extra = self._run_resident(kernel, header, arrays, params, layouts)
+                if "missing" in extra:
+                    return _error(rid, "missing", "KeyError", f"{len(extra['missing'])} inputs are not held here",
+                                  missing=extra["missing"])
+            else:
+                refs = [a.fp for a in arrays if isinstance(a, wire.Ref)]
+                if refs:
+                    return _error(rid, "missing", "KeyError", "this worker keeps nothing", missing=refs)
+                if _host_kernels(self.backend):
+                    arrays = [_aligned(a) for a in arrays]
+                results, timing = self._run(kernel, arrays, params, layouts)
         except Exception as exc:
-            oom = "out of memory" in str(exc).lower() or type(exc).__name__ == "OutOfMemoryError"
-            return _error(rid, "out_of_memory" if oom else "kernel_error", type(exc).__name__, str(exc)[:2000])
-        return wire.encode({"t": "result", "id": rid, "timing": timing}, results)
+            kind = "out_of_memory" if _is_oom(exc) else "kernel_error"
+            return _error(rid, kind, type(exc).__name__, str(exc)[:2000])
+        got = [(r.dtype, r.shape) for r in results]
+        if got != declared:
+            return _error(rid, "kernel_error", "ResultMismatch",
+                          f"kernel made {[f'{d.str}{list(s)}' for d, s in got]}, the call declared "
+                          f"{[f'{d.str}{list(s)}' for d, s in declared]}")
+        fps = extra.pop("fps", None)
+        if self.test_corrupt:
+            results, fps = [_corrupt(r) for r in results], None
+        return wire.encode({"t": "result", "id": rid, "timing": timing, **extra}, results, fps=fps)
+
+    def _run_resident(self, kernel: Any, header: dict, arrays: list, params: dict,
+                      layouts: list) -> tuple[list, dict, dict]:
+        """Inputs from the store or the message, the kernel on the device, results kept when asked
+        (issue 6). Out of memory: the store is emptied but for this call's inputs, and the call
+        runs once more (issue 8)."""
+        metas = header["arrays"]
+        t0 = time.perf_counter()
+        tensors, missing = [], []
+        for a in arrays:
+            if isinstance(a, wire.Ref):
+                t = self.store.get(a.fp, {"dtype": a.dtype.str, "shape": list(a.shape), "order": a.order})
+                if t is None:
+                    missing.append(a.fp)
+                tensors.append(t)
+            else:
+                tensors.append(self.backend.to_device(a))
+        if missing:
+            return [], {}, {"missing": missing}
+        held = {m["fp"] for m in metas if "fp" in m}  # this call's inputs: never evicted by it
+        evicted: list = []
+        for meta, a, t in zip(metas, arrays, tensors):
+            if "fp" in meta and not isinstance(a, wire.Ref):
+                evicted += self.store.put(meta["fp"], t, meta, held)
+        self.backend.sync()
+        t1 = time.perf_counter()
+        timing: dict[str, float] = {}
+        try:
+            results = self.backend.compute(kernel, tensors, params, layouts)
+        except Exception as exc:
+            if not _is_oom(exc):
+                raise
+            evicted += self.store.evict_all(except_=held)
+            _free_memory(self.backend)
+            results = self.backend.compute(kernel, tensors, params, layouts)
+            timing["oom_retry"] = 1.0
+        self.backend.sync()
+        t2 = time.perf_counter()
+        out = self.backend.to_host(results)
+        t3 = time.perf_counter()
+        timing.update(h2d=t1 - t0, kernel=t2 - t1, d2h=t3 - t2)
+        extra: dict[str, Any] = {"evicted": evicted}
+        if header.get("keep") is True and not self.test_corrupt:  # keep results, say their fingerprints
+            extra["fps"], extra["evicted"] = self._keep(results, out, held, evicted)
+            timing["fingerprint"] = time.perf_counter() - t3
+        extra["kept"] = [fp for fp in held if fp in self.store]  # what the client may send by reference
+        return out, timing, extra
+
+    def _keep(self, results: list, out: list, held: set, evicted: list) -> tuple[list, list]:
+        fps: list = []
+        for dev, host in zip(results, out):
+            if host.nbytes < RESIDENT_MIN or not (host.flags.c_contiguous or host.flags.f_contiguous):
+                fps.append(None)  # small, or travelling as a copy: the bytes sent would not be ``dev``
+                continue
+            meta, buf = wire.to_wire(host)
+            fp = fingerprint(meta, buf)
+            evicted = evicted + self.store.put(fp, dev, meta, held)
+            fps.append(fp if fp in self.store else None)  # too large for the budget: not kept
+        return fps, evicted
+
+    def _run(self, kernel: Any, arrays: list, params: dict, layouts: list) -> tuple[list, dict]:
+        """Run once; out of memory: free what can be freed and run once more (issue 8)."""
+        try:
+            return self.backend.run(kernel, arrays, params, layouts)
+        except Exception as exc:
+            if not _is_oom(exc):
+                raise
+        _free_memory(self.backend)
+        results, timing = self.backend.run(kernel, arrays, params, layouts)
+        timing["oom_retry"] = 1.0
+        return results, timing
 
 
-def _error(rid: int, kind: str, exc: str, msg: str) -> list:
-    return wire.encode({"t": "error", "id": rid, "kind": kind, "exc": exc, "msg": msg})
+def _host_kernels(backend: Any) -> bool:
+    """True when kernels read the received buffers in place (a CPU device); a CUDA backend only
+    copies them to the device, which takes any alignment."""
+    return getattr(getattr(backend, "device", None), "type", "cpu") == "cpu"
 
 
-def serve(url: str, worker: Worker, *, parent_pid: int | None = None,
-          stop: threading.Event | None = None, allow_network: bool = False) -> None:
-    """Bind ``url``, warm up, then answer requests until ``stop`` is set or the parent exits."""
-    if not is_loopback(url) and not allow_network:
-        raise SystemExit(
-            f"refusing to bind {url}: a network address needs authentication (ZeroMQ CURVE), which this "
-            "version does not provide yet; bind a loopback address or an ipc:// path")
-    sock = context().socket(zmq.ROUTER)
+def _aligned(a: np.ndarray) -> np.ndarray:
+    """A received buffer starts wherever ZeroMQ put it: small frames at any byte, large ones at
+    8 mod 16. torch on the CPU can crash on such data (a complex128 tensor at 8 mod 16 cast to
+    float32 segfaults torch 2.13; found by the fuzzer, issue 8): copy to fresh, aligned memory."""
+    if a.ctypes.data % ALIGN == 0:
+        return a
+    out = np.empty_like(a)
+    np.copyto(out, a)
+    return out
+
+
+def _is_oom(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+            or "out of memory" in text or "can't allocate memory" in text)
+
+
+def _free_memory(backend: Any) -> None:
+    free = getattr(backend, "free_memory", None)
+    if free is not None:
+        free()
+        return
+    gc.collect()
+    try:
+        import torch
+    except ImportError:
+        return
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def _size_params_over(op: str, params: dict, declared: list) -> str | None:
+    """An FFT size larger than the results the call declares would allocate past the budget."""
+    names = next((n for prefix, n in SIZE_PARAMS.items() if op.startswith(prefix)), ())
+    limit = 2 * max((d for _, shape in declared for d in shape), default=0) + 2
+    for name in names:
+        value = params.get(name)
+        values = value if isinstance(value, list) else [value]
+        for v in values:
+            if v is None:
+                continue
+            if not isinstance(v, int) or isinstance(v, bool) or abs(v) > limit:
+                return f"{name}={value!r} does not fit the declared results (each size at most {limit})"
+    return None
+
+
+def _corrupt(a: Any) -> Any:
+    """TEST ONLY (--test-corrupt): a wrong answer of the right type, one element off."""
+    a = a.copy()
+    if a.size:
+        flat = a.reshape(-1)
+        flat[0] = flat[0] + (1 if a.dtype.kind in "biu" else 1e-3 * (abs(flat[0]) + 1))
+    return a
+
+
+def _error(rid: int, kind: str, exc: str, msg: str, **extra: Any) -> list:
+    return wire.encode({"t": "error", "id": rid, "kind": kind, "exc": exc, "msg": msg, **extra})
+
+
+INSECURE_WARNING = """\
+fusion_shim worker: WARNING: serving {url} WITHOUT AUTHENTICATION (--insecure).
+  Anyone who can reach this address can send buffers to this worker and run its kernels on them.
+  Use --keys DIR (fusion-shim keys DIR) to accept only the clients you list."""
+
+
+def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: threading.Event | None = None,
+          keys: str | None = None, insecure: bool = False, ready: threading.Event | None = None,
+          on_request: Any = None) -> None:
+    """Bind ``url``, warm up, then answer requests until ``stop`` is set or the parent exits.
+
+    ``keys``: a directory from ``fusion-shim keys`` (CURVE, allow-listed clients only). A network
+    address without ``keys`` is refused unless ``insecure``. ``ready`` is set once bound;
+    ``on_request`` (tests) is called with every request that reaches the dispatcher."""
+    if not is_loopback(url) and keys is None:
+        if not insecure:
+            raise SystemExit(
+                f"refusing to bind {url}: a network address needs authentication; make keys with "
+                "`fusion-shim keys DIR` and serve with --keys DIR (or bind a loopback address or an "
+                "ipc:// path; --insecure serves without authentication)")
+        print(INSECURE_WARNING.format(url=url), file=sys.stderr, flush=True)
+    auth = None
+    # a CURVE worker gets its own context: the ZAP handler is per context, and it must not judge
+    # the sockets of a client living in the same process (tests)
+    ctx = zmq.Context() if keys is not None else context()
+    sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
-    sock.bind(url)
+    sock.setsockopt(zmq.MAXMSGSIZE, max(worker.max_bytes, wire.MAX_HEADER))
+    try:
+        if keys is not None:
+            from ..auth import secure_server
+
+            auth = secure_server(ctx, sock, keys)
+        sock.bind(url)
+    except BaseException:
+        sock.close(linger=0)
+        if auth is not None:
+            auth.stop()
+        raise
+    if ready is not None:
+        ready.set()
     try:
         worker.warm()  # hellos that arrive meanwhile wait in the socket: nobody is told "ready" early
         while stop is None or not stop.is_set():
@@ -96,13 +349,23 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None,
             frames = sock.recv_multipart(copy=False)
             if len(frames) < 2:
                 continue  # no routing identity: nothing to answer to
+            if on_request is not None:
+                on_request(frames[1:])
             reply = worker.handle(frames[1:])
             try:
-                send_frames(sock, reply, prefix=[frames[0].bytes])
+                sent = send_frames(sock, reply, prefix=[frames[0].bytes])
+                if worker.last_was_call:
+                    worker.traffic["calls"] += 1
+                    worker.traffic["bytes_in"] += sum(f.nbytes if hasattr(f, "nbytes") else len(f) for f in frames[1:])
+                    worker.traffic["bytes_out"] += sent or 0
             except zmq.ZMQError as exc:  # the client vanished between request and reply
                 print(f"fusion_shim worker: reply not sent: {exc}", file=sys.stderr)
     finally:
         sock.close(linger=0)
+        if auth is not None:
+            auth.stop()
+        if keys is not None:
+            ctx.term()
 
 
 def _alive(pid: int) -> bool:
@@ -115,11 +378,20 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def serve_in_thread(url: str, device: str = "auto", test_delay: float = 0.0) -> tuple[threading.Thread, threading.Event]:
-    """An in-process worker (``inproc://`` URLs): for tests and debugging, no socket involved."""
+def serve_in_thread(url: str, device: str = "auto", test_delay: float = 0.0, worker: Worker | None = None,
+                    test_corrupt: bool = False, memory_budget: int | None = None,
+                    **serve_kwargs: Any) -> tuple[threading.Thread, threading.Event]:
+    """A worker in a thread of this process (``inproc://`` URLs, or a socket): for tests and
+    debugging. Returns once it is bound. The Worker object is ``thread.worker`` (tests look into
+    its resident store)."""
     stop = threading.Event()
-    worker = Worker(device, test_delay)
-    thread = threading.Thread(target=serve, args=(url, worker), kwargs={"stop": stop},
+    bound = threading.Event()
+    worker = Worker(device, test_delay, test_corrupt, memory_budget) if worker is None else worker
+    thread = threading.Thread(target=serve, args=(url, worker), kwargs={"stop": stop, "ready": bound, **serve_kwargs},
                               name="fusion-shim-worker", daemon=True)
+    thread.worker = worker
     thread.start()
+    while not bound.wait(0.05):
+        if not thread.is_alive():
+            raise RuntimeError(f"the worker thread for {url} exited before binding")
     return thread, stop

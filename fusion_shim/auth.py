@@ -1,0 +1,135 @@
+"""Authentication between clients and workers: ZeroMQ CURVE keys and the worker's allow-list (issue 8).
+
+A worker that binds anything but loopback or ``ipc://`` must authenticate its clients: a worker
+reachable from the network runs kernels on whatever buffers arrive, so CURVE without a ZAP handler
+(which authenticates no one) is not enough. ``fusion-shim keys DIR`` writes::
+
+    DIR/server.key              the worker's public key: give it to clients (FUSION_SHIM_SERVER_KEY)
+    DIR/server.key_secret       the worker's key pair: stays with the worker (mode 0600)
+    DIR/authorized/NAME.key     the allow-list: public keys of the clients the worker accepts
+    DIR/NAME.key_secret         a client's key pair: give it to that client only (FUSION_SHIM_CLIENT_KEYS)
+
+Files use pyzmq's certificate format (``zmq.auth.load_certificate`` reads them), are created with
+mode 0600 (never briefly wider) and the directory 0700. ``fusion-shim worker --keys DIR`` loads its
+key pair and installs a ZAP authenticator (``zmq.auth.thread.ThreadAuthenticator``) that accepts
+exactly the keys in ``DIR/authorized``: an unknown key, a client without CURVE, or a client holding
+a wrong server key never completes the handshake, so none of its frames reach the worker's loop.
+The allow-list is read when the worker starts; restart it after adding a client.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import stat
+from typing import Any
+
+SERVER = "server"
+ALLOWED_DIR = "authorized"
+
+
+class KeyFileError(ValueError):
+    """A key file or directory is missing, malformed or readable by others."""
+
+
+def _write_key_file(path: str, public: bytes, secret: bytes | None) -> None:
+    kind = "Secret" if secret is not None else "Public"
+    lines = [
+        f"#   ****  Generated on {datetime.datetime.now().isoformat(timespec='seconds')} by fusion-shim keys  ****",
+        f"#   ZeroMQ CURVE **{kind}** Certificate",
+        "#   DO NOT PROVIDE THIS FILE TO OTHER USERS nor change its permissions." if secret else
+        "#   Exchange securely, or use a secure mechanism to verify the contents of this file.",
+        "",
+        "metadata",
+        "curve",
+        f'    public-key = "{public.decode("ascii")}"',
+    ]
+    if secret is not None:
+        lines.append(f'    secret-key = "{secret.decode("ascii")}"')
+    # O_EXCL: never overwrite a key; 0o600 from the first byte, whatever the umask
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def make_keys(directory: str, clients: list[str]) -> dict[str, list[str]]:
+    """Create the server key pair (unless present) and a key pair per client name, each client's
+    public key in the allow-list. Returns the paths written, by kind."""
+    import zmq
+
+    for name in clients:
+        if not name or os.sep in name or name.startswith(".") or name == SERVER:
+            raise KeyFileError(f"client name {name!r} is invalid: a plain file name, not {SERVER!r}")
+    os.makedirs(os.path.join(directory, ALLOWED_DIR), mode=0o700, exist_ok=True)
+    os.chmod(directory, 0o700)
+    os.chmod(os.path.join(directory, ALLOWED_DIR), 0o700)
+    written: dict[str, list[str]] = {"server": [], "clients": [], "authorized": []}
+    secret_path = os.path.join(directory, SERVER + ".key_secret")
+    if not os.path.exists(secret_path):
+        public, secret = zmq.curve_keypair()
+        _write_key_file(os.path.join(directory, SERVER + ".key"), public, None)
+        _write_key_file(secret_path, public, secret)
+        written["server"] += [os.path.join(directory, SERVER + ".key"), secret_path]
+    for name in clients:
+        path = os.path.join(directory, name + ".key_secret")
+        allowed = os.path.join(directory, ALLOWED_DIR, name + ".key")
+        if os.path.exists(path) or os.path.exists(allowed):
+            raise KeyFileError(f"a key for client {name!r} exists already in {directory}; pick another name")
+        public, secret = zmq.curve_keypair()
+        _write_key_file(path, public, secret)
+        _write_key_file(allowed, public, None)
+        written["clients"].append(path)
+        written["authorized"].append(allowed)
+    return written
+
+
+def load_public(path: str) -> bytes:
+    """The public key in a certificate file (z85, 40 bytes)."""
+    import zmq.auth
+
+    try:
+        public, _ = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise KeyFileError(f"{path}: not a CURVE key file ({exc})") from None
+    if len(public) != 40:
+        raise KeyFileError(f"{path}: the public key is not a 40-character z85 key")
+    return public
+
+
+def load_pair(path: str) -> tuple[bytes, bytes]:
+    """The (public, secret) key pair in a ``.key_secret`` file, which must be private to its owner."""
+    import zmq.auth
+
+    try:
+        mode = os.stat(path).st_mode
+        public, secret = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        raise KeyFileError(f"{path}: not a CURVE key file ({exc})") from None
+    if secret is None:
+        raise KeyFileError(f"{path} holds no secret key; give the .key_secret file")
+    if len(public) != 40 or len(secret) != 40:
+        raise KeyFileError(f"{path}: the keys are not 40-character z85 keys")
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise KeyFileError(f"{path} is readable by others (mode {stat.S_IMODE(mode):04o}); chmod 600 {path}")
+    return public, secret
+
+
+def secure_server(ctx: Any, sock: Any, keys_dir: str) -> Any:
+    """Make ``sock`` (not yet bound) a CURVE server accepting only the allow-listed clients; returns
+    the running authenticator, to be stopped with the socket. Fails closed: no allow-list, no start."""
+    from zmq.auth.thread import ThreadAuthenticator
+
+    public, secret = load_pair(os.path.join(keys_dir, SERVER + ".key_secret"))
+    allowed = os.path.join(keys_dir, ALLOWED_DIR)
+    if not os.path.isdir(allowed):
+        raise KeyFileError(f"{allowed} is missing: it holds the public keys of the clients to accept "
+                        "(fusion-shim keys DIR --client NAME)")
+    for name in os.listdir(allowed):
+        if name.endswith(".key"):
+            load_public(os.path.join(allowed, name))  # a malformed entry fails loudly, not silently
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve(domain="*", location=allowed)
+    sock.curve_secretkey = secret
+    sock.curve_publickey = public
+    sock.curve_server = True
+    return auth

@@ -1,0 +1,191 @@
+"""The native loader (issue 3): ``fusion_shim._native``, built from ``native/_native.c``.
+
+Two uses, both optional and both off with ``FUSION_SHIM_NATIVE=0``:
+
+- **operators**: trampolines in ndarray's ``@`` and ``@=`` slots and behind ``ndarray.dot``. In C,
+  a call whose operands are not both exact ndarrays, or whose input bytes are under the published
+  floor, goes to NumPy's original at once; the rest come to :func:`operator_callback`'s function,
+  which decides through ``Runtime.call`` like a catalog call (rows ``catalog.OPERATORS``) and
+  computes locally through NumPy's original C entry (``_native.original``), so NumPy's semantics
+  and errors are unchanged. Not installed under policy ``local``.
+- **the fast path of wrapped module functions**: :func:`fast_proxy` is a ``wrapt.ObjectProxy``
+  (attributes, ``isinstance(np.matmul, np.ufunc)``, ``__wrapped__`` all forward) whose ``__call__``
+  is a C object that does the floor check and calls NumPy's function, or the shim's Python path.
+
+The floor is one number in C, published by :func:`publish_floor`: ``-1`` passes everything through
+(policy local, or no shim installed), ``0`` sends every exact-ndarray call to the Python path
+(policy remote), else the planner's byte floor. Whoever changes ``Runtime.floor_bytes`` after
+install must publish it again (the wrapt path reads the attribute; the C paths read only this).
+
+Re-entrancy: C raises a per-thread depth while the shim's Python path runs on that thread, so that
+the shim's own NumPy work and NumPy's internals never come back into a trampoline or fast path;
+the runtime's ``guard`` covers the shim's own threads (calibration) as before.
+"""
+from __future__ import annotations
+
+import copyreg
+import time
+import types
+import warnings
+from typing import TYPE_CHECKING, Any, Callable
+
+import wrapt
+
+if TYPE_CHECKING:
+    from ..runtime import Runtime
+
+INTERFACE = 1  # must equal the extension's INTERFACE (native/_native.c)
+_native: Any = None
+LOAD_ERROR: str | None = None
+_loaded = False
+_warned = False
+
+
+def available() -> bool:
+    """Load the extension on first use (it imports NumPy's C API, so never before NumPy is)."""
+    global _native, LOAD_ERROR, _loaded
+    if not _loaded:
+        _loaded = True
+        try:
+            try:
+                from .. import _native as module
+            except ImportError:
+                module = _installed_copy()
+                if module is None:
+                    raise
+            if getattr(module, "INTERFACE", None) != INTERFACE:
+                raise ImportError(f"{module.__file__} has interface {getattr(module, 'INTERFACE', None)}, "
+                                  f"this package needs {INTERFACE}: reinstall fusion-shim")
+            _native = module
+        except ImportError as exc:  # not built (no compiler at install) or not loadable here
+            LOAD_ERROR = f"the C extension fusion_shim._native is not available ({exc})"
+    return _native is not None
+
+
+def _installed_copy() -> Any:
+    """The package imported from a source checkout (``python -m pytest`` in the repository, as CI
+    does after ``pip install .``) has no compiled extension beside it; the installed copy of the
+    package has one. Load that. ``sys.modules["fusion_shim._native"] = None`` still blocks it."""
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
+
+    name = __package__.rpartition(".")[0] + "._native"
+    if name in sys.modules:  # None: import blocked on purpose
+        return sys.modules[name]
+    here = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    for entry in sys.path:
+        pkg = os.path.join(entry or os.getcwd(), "fusion_shim")
+        if not os.path.isdir(pkg) or os.path.realpath(pkg) == here:
+            continue
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(pkg, "_native" + suffix)
+            if os.path.isfile(path):
+                spec = importlib.util.spec_from_file_location(name, path)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                sys.modules[name] = module
+                return module
+    return None
+
+
+def publish_floor(floor_bytes: int) -> None:
+    """The floor both C paths compare with: input bytes of exact ndarrays; -1 passes everything."""
+    if _native is not None:
+        _native.set_floor(int(floor_bytes))
+
+
+def install_operators(rt: "Runtime") -> tuple[bool, str]:
+    """Patch ndarray's ``@``, ``@=`` and ``.dot``; (True, "") or (False, why not)."""
+    global _warned
+    if not rt.config.native:
+        return False, "FUSION_SHIM_NATIVE=0"
+    if not available():
+        return False, LOAD_ERROR or "no C extension"
+    if rt.local_only:
+        return False, "policy local"
+    _native.set_callback(operator_callback(rt))
+    try:
+        _native.install()
+    except RuntimeError as exc:
+        _native.set_callback(None)
+        why = f"NumPy's entries are not the expected ones: {exc}"
+        if not _warned:  # once per process: the report repeats it for every run
+            _warned = True
+            warnings.warn(f"fusion_shim: @, @= and .dot are not intercepted: {why}", RuntimeWarning, stacklevel=3)
+        return False, why
+    names = ("numpy.ndarray.__matmul__", "numpy.ndarray.__imatmul__", "numpy.ndarray.dot")
+    rt.ledger.counters.append((lambda: dict(zip(names, _native.counts())), _native.reset_counts))
+    _native.reset_counts()
+    return True, ""
+
+
+def uninstall_operators() -> None:
+    """Put NumPy's entries back exactly; the trampolines then see no callback and pass through."""
+    if _native is None:
+        return
+    publish_floor(-1)
+    try:
+        _native.uninstall()
+    except RuntimeError as exc:  # someone patched over us after install: left as found
+        warnings.warn(f"fusion_shim: {exc}", RuntimeWarning, stacklevel=3)
+    _native.set_callback(None)
+
+
+def operator_callback(rt: "Runtime") -> Callable[[Any, Any, Any, int], Any]:
+    """The function the trampolines call with ``(a, b, out_or_None, kind)``: the result, or
+    ``_native.LOCAL`` for "NumPy's original, nothing to record"."""
+    from ..catalog import OPERATOR_SIGNATURES, OPERATORS
+    from ..runtime import Record
+
+    table = tuple(zip(OPERATORS, OPERATOR_SIGNATURES))
+    original, local = _native.original, _native.LOCAL
+
+    def _operator(a: Any, b: Any, out: Any, kind: int) -> Any:
+        if rt.local_only:
+            return local
+        spec, sig = table[kind]
+        got = rt.call(spec, sig, (a, b), {} if out is None else {"out": out})
+        if got is None:
+            return local
+        if got.__class__ is not Record:
+            # a check recomputes with NumPy's own entry; not for `a @= b`, whose input is gone by now
+            check = None if spec.name.endswith("__imatmul__") else (
+                lambda x, y, out=None: original(kind, x, y, out))
+            return rt.remote_done(got, check, sig, (a, b), {} if out is None else {"out": out})
+        # NumPy's own C entry, so that NumPy's errors reach the program unchanged
+        t = time.perf_counter()
+        try:
+            result = original(kind, a, b, out)
+        except BaseException as exc:
+            rt.local_done(got, time.perf_counter() - t, exc)
+            raise
+        rt.local_done(got, time.perf_counter() - t, None)
+        return result
+
+    return _operator
+
+
+def fast_proxy(original: Any, slow: Callable) -> tuple[Any, Any]:
+    """A proxy for ``original`` whose call is the C floor check, then ``slow(*args, **kwargs)``.
+    Returns (proxy, the C object, whose ``below`` counts calls kept local by the floor)."""
+    fast = _native.FastCall(original, slow)
+    # FastCall is not a descriptor: as the class's __call__ it is called without the proxy
+    namespace: dict[str, Any] = {"__call__": fast, "__module__": __name__, "__reduce_ex__": _reduce_ex}
+    if hasattr(type(original), "__get__"):
+        namespace["__get__"] = _bind  # e.g. np.dot as a class attribute binds, as the original does
+    cls = type("FunctionProxy", (wrapt.ObjectProxy,), namespace)
+    return cls(original), fast
+
+
+def _reduce_ex(self: Any, protocol: int) -> Any:
+    """Pickled by name, as NumPy pickles the original (``pool.map(np.linalg.inv, ...)`` works):
+    ufuncs through NumPy's copyreg entry, functions as a global of their module."""
+    original = self.__wrapped__
+    reduce = copyreg.dispatch_table.get(type(original))
+    return reduce(original) if reduce is not None else original.__qualname__
+
+
+def _bind(self: Any, instance: Any, owner: Any = None) -> Any:
+    return self if instance is None else types.MethodType(self, instance)

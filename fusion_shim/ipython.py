@@ -1,0 +1,54 @@
+"""IPython: ``%load_ext fusion_shim``, then a ``%%fusion_shim [options]`` cell runs through the shim
+and prints the same summary for that cell's calls (issue 7).
+
+Options: ``--policy``, ``--worker``, ``--verify``, ``--timeout``, ``--strict`` as on the command line.
+The shim stays installed after the cell (for the next ones); a cell with other settings reinstalls it.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+from typing import Any
+
+from IPython.core.magic import Magics, cell_magic, magics_class
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="%%fusion_shim", add_help=False)
+    for name in ("--policy", "--worker", "--verify", "--timeout", "--device"):
+        p.add_argument(name)
+    p.add_argument("--strict", action="store_true", default=None)
+    return p
+
+
+@magics_class
+class FusionShimMagics(Magics):
+    @cell_magic
+    def fusion_shim(self, line: str, cell: str) -> Any:
+        import fusion_shim
+        from .ledger import Ledger
+        from .report import build, format_table
+
+        opts = vars(_parser().parse_args(shlex.split(line)))
+        settings = {k: v for k, v in opts.items() if v is not None}
+        rt = fusion_shim.active()
+        if rt is None or any(str(getattr(rt.config, k)) != str(v) for k, v in settings.items()):
+            rt = fusion_shim.install(quiet=True, **settings)
+        import numpy  # noqa: F401  (the shim wraps NumPy when it is imported)
+
+        rt = fusion_shim.active()
+        start = len(rt.ledger.records)
+        below = {k: c[0] for k, c in rt.ledger.fast_path.items()}
+        result = self.shell.run_cell(cell)
+        cell_ledger = Ledger()  # this cell's share: its records and its fast-path counts
+        cell_ledger.started = rt.ledger.started
+        for rec in rt.ledger.records[start:]:
+            cell_ledger.add(rec)
+        for name, cell_count in rt.ledger.fast_path.items():
+            cell_ledger.fast_path[name][0] = cell_count[0] - below.get(name, 0)
+        print(format_table(build(rt, cell_ledger)))
+        return None  # run_cell has shown any error; the summary is printed either way
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    ipython.register_magics(FusionShimMagics)

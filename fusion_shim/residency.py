@@ -1,0 +1,79 @@
+"""Residency, client side (issue 6): content fingerprints and the mirror of what a worker holds.
+
+An input is identified by an xxh3-128 hash over its bytes as they would travel, with its dtype,
+shape and memory order: :func:`fingerprint`. It is computed only for calls that are remote
+candidates and only for inputs of at least ``RESIDENT_MIN`` bytes (smaller ones always travel
+inline; hashing them would cost more than it could save). An array changed in place, through any
+view, hashes differently, so a stale copy on the worker is never used.
+
+The mirror is a hint: the worker's answer is final. A reference the worker no longer holds comes
+back as a ``missing`` error and is resent once, by value (``runtime``).
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import xxhash
+
+RESIDENT_MIN = 256 * 1024
+
+
+def canonical(meta: dict) -> tuple[str, tuple]:
+    """The identity of the bytes regardless of how they are viewed: an F-ordered array is the C-ordered
+    array of the reversed shape, so a matrix and its transpose (``X`` and ``X.T``) are one entry."""
+    shape = tuple(meta["shape"])
+    return meta["dtype"], shape if meta["order"] == "C" else shape[::-1]
+
+
+def fingerprint(meta: dict, buf: Any) -> str:
+    """The fingerprint of an array as :func:`fusion_shim.wire.to_wire` lays it out (the worker
+    computes the same for its results, so a result fed back in is recognised)."""
+    dtype, shape = canonical(meta)
+    h = xxhash.xxh3_128()
+    h.update(f"{dtype}|{','.join(map(str, shape))}|".encode())
+    h.update(buf)
+    return h.hexdigest()
+
+
+def worth_keeping(arr: np.ndarray) -> bool:
+    return arr.nbytes >= RESIDENT_MIN
+
+
+class Mirror:
+    """What one worker is believed to hold: fingerprint -> bytes, in least-recently-used order."""
+
+    def __init__(self) -> None:
+        self._held: OrderedDict[str, int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __contains__(self, fp: str) -> bool:
+        with self._lock:
+            if fp in self._held:
+                self._held.move_to_end(fp)
+                return True
+            return False
+
+    def add(self, fp: str, nbytes: int) -> None:
+        with self._lock:
+            self._held[fp] = nbytes
+            self._held.move_to_end(fp)
+
+    def discard(self, fps: Any) -> None:
+        with self._lock:
+            for fp in fps:
+                self._held.pop(fp, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._held.clear()
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(self._held.values())
+
+    def __len__(self) -> int:
+        return len(self._held)

@@ -1,0 +1,256 @@
+"""Issue 7: the numbers add up, the trace is well formed, checks catch wrong answers, the what-if
+re-pricing and the notebook magic work."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import fusion_shim
+from fusion_shim.report import format_table
+from fusion_shim import transport, wire
+from fusion_shim.report.trace import build_trace
+from fusion_shim.report.whatif import LinkProfile, reprice
+from fusion_shim.runtime import VerificationError
+
+RNG = np.random.default_rng(7)
+
+
+def _workload():
+    a = RNG.standard_normal((64, 64))
+    spd = a @ a.T + 64 * np.eye(64)
+    np.matmul(a, a)
+    np.linalg.solve(spd, a)
+    np.fft.fft(a)
+    np.linalg.svd(a)
+    np.dot(a.tolist(), a)           # an array-like: unsupported, computed here
+    np.matmul(np.ones((2, 2)), np.ones((2, 2)))
+
+
+def _stats(url):
+    chan = transport.Channel(url)
+    try:
+        header, _ = chan.request(999_999, wire.encode({"t": "stats", "id": 999_999}), 1e18, None)
+        return header
+    finally:
+        chan.close()
+
+
+def test_numbers_add_up(shim, inproc_worker):
+    before = _stats(inproc_worker)
+    _workload()
+    rep = fusion_shim.report()
+    after = _stats(inproc_worker)
+    recs = rep["records"]
+    assert {r["kind"] for r in recs} >= {"worker", "unsupported"}
+    for r in recs:
+        production = sum(v for k, v in r["phases"].items() if k != "verify")
+        assert production <= r["wall_s"] + 1e-6, r
+    assert sum(r["wall_s"] for r in recs) <= rep["wall_s"]
+    sent = sum(o["bytes_sent"] for o in rep["ops"].values())
+    received = sum(o["bytes_received"] for o in rep["ops"].values())
+    assert sent == after["bytes_in"] - before["bytes_in"] > 0
+    assert received == after["bytes_out"] - before["bytes_out"] > 0
+    assert after["calls"] - before["calls"] == sum(o["worker"] for o in rep["ops"].values())
+    text = format_table(rep)
+    for needle in ("waiting for a cold worker", "bytes moved", "top call sites", "against all-local", "ESTIMATED"):
+        assert needle in text
+
+
+def _check_trace(trace):
+    events = trace["traceEvents"]
+    assert events and all({"name", "ph", "pid", "tid"} <= e.keys() for e in events)
+    slices = [e for e in events if e["ph"] == "X"]
+    assert slices and all(isinstance(e["ts"], float) and e["dur"] >= 0 for e in slices)
+    tracks: dict = {}
+    for e in slices:
+        tracks.setdefault((e["pid"], e["tid"]), []).append(e)
+    for track in tracks.values():
+        starts = [e["ts"] for e in track]
+        assert starts == sorted(starts), "slices are not ordered on their track"
+        stack: list = []
+        for e in track:
+            while stack and e["ts"] >= stack[-1]["ts"] + stack[-1]["dur"] - 1e-3:
+                stack.pop()
+            if stack:  # starts inside the open slice: must end inside it too
+                assert e["ts"] + e["dur"] <= stack[-1]["ts"] + stack[-1]["dur"] + 1e-3, (e, stack[-1])
+            stack.append(e)
+    named = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert any(n.startswith("program") for n in named)
+    return tracks
+
+
+def test_trace_is_well_formed(shim):
+    _workload()
+    tracks = _check_trace(json.loads(json.dumps(build_trace(fusion_shim.report()))))
+    cats = {e["cat"] for t in tracks.values() for e in t}
+    assert {"worker", "phase", "transfer", "device"} <= cats
+
+
+@pytest.fixture(scope="module")
+def corrupt_worker():
+    from fusion_shim.worker import serve_in_thread
+
+    url = f"inproc://fusion-shim-corrupt-{os.getpid()}"
+    thread, stop = serve_in_thread(url, device="cpu", test_corrupt=True)
+    yield url
+    stop.set()
+    thread.join(5)
+
+
+@pytest.fixture
+def corrupt_shim(corrupt_worker):
+    rt = fusion_shim.install(policy="remote", worker=corrupt_worker, quiet=True, verify=1.0)
+    assert rt.link.wait_ready(60)
+    yield rt
+    fusion_shim.uninstall()
+
+
+def _ops():
+    a = RNG.standard_normal((32, 32))
+    spd = a @ a.T + 32 * np.eye(32)
+    return [
+        ("numpy.matmul", lambda: np.matmul(a, a)),
+        ("numpy.linalg.solve", lambda: np.linalg.solve(spd, a)),
+        ("numpy.fft.fft", lambda: np.fft.fft(a)),
+        ("numpy.linalg.svd", lambda: np.linalg.svd(a)),
+        ("numpy.linalg.eigh", lambda: np.linalg.eigh(spd)),
+        ("numpy.einsum", lambda: np.einsum("ij,jk->ik", a, a)),
+    ]
+
+
+def test_wrong_answers_are_caught_every_time_and_pinned(corrupt_shim):
+    for name, call in _ops():
+        got = call()
+        rec = corrupt_shim.ledger.records[-1]
+        assert rec.op == name and rec.kind == "worker"
+        assert rec.verify and rec.verify.startswith("mismatch"), (name, rec.verify)
+        assert rec.site.startswith(__file__), rec.site
+        again = call()  # the same signature now stays local
+        rec2 = corrupt_shim.ledger.records[-1]
+        assert rec2.kind == "local" and "pinned" in rec2.reason and rec.site.split(":")[0] in rec2.reason
+        _assert_same(got, again)
+    events = " ".join(e[1] for e in corrupt_shim.ledger.events)
+    assert "pinned local" in events
+
+
+def _assert_same(x, y):
+    if isinstance(x, tuple):
+        for a, b in zip(x, y):
+            np.testing.assert_allclose(np.abs(a), np.abs(b), rtol=1e-8, atol=1e-8)
+    else:
+        np.testing.assert_allclose(x, y, rtol=1e-10, atol=1e-10)
+
+
+def test_mismatch_in_strict_mode_raises(corrupt_worker):
+    rt = fusion_shim.install(policy="remote", worker=corrupt_worker, quiet=True, verify=1.0, strict=True)
+    try:
+        assert rt.link.wait_ready(60)
+        a = np.ones((40, 40))
+        with pytest.raises(VerificationError, match="differed"):
+            np.matmul(a, a)
+    finally:
+        fusion_shim.uninstall()
+
+
+def test_checks_are_sampled_and_kept_apart(shim):
+    shim.config = shim.config.replace(verify=0.25)
+    a = RNG.standard_normal((48, 48))
+    for _ in range(16):
+        np.matmul(a, a)
+    recs = [r for r in shim.ledger.records if r.op == "numpy.matmul"]
+    checked = [r for r in recs if r.verify]
+    assert len(recs) == 16 and len(checked) == 4 and all(r.verify == "ok" for r in checked)
+    for r in checked:
+        assert r.phases["verify"] > 0 and r.local_measured_s == r.phases["verify"]
+    rep = fusion_shim.report()
+    sm = rep["summary"]
+    assert sm["time_checking_s"] == pytest.approx(sum(r.phases["verify"] for r in checked))
+    assert sm["vs_all_local"]["calls_measured"] == 4
+
+
+def test_wrong_worker_through_the_launcher(tmp_path):
+    url = f"ipc://{tmp_path}/w.sock"
+    worker = subprocess.Popen([sys.executable, "-m", "fusion_shim", "worker", "--bind", url, "--device", "cpu",
+                               "--test-corrupt"], stderr=subprocess.DEVNULL)
+    try:
+        prog = tmp_path / "app.py"
+        prog.write_text(textwrap.dedent("""
+            import numpy as np
+            a = np.arange(10000.0).reshape(100, 100) / 1e4
+            for _ in range(3):
+                print(f"{float(np.matmul(a, a).sum()):.10e}")
+        """))
+        plain = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", "remote", "--worker", url,
+                              "--verify", "all", "--report", str(tmp_path / "r.json"), str(prog)],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout == plain.stdout
+        rep = json.loads((tmp_path / "r.json").read_text())
+        assert rep["ops"]["numpy.matmul"]["mismatches"] == 1
+        assert rep["ops"]["numpy.matmul"]["local"] == 2  # pinned after the first
+        assert f"{prog}:5" in out.stderr  # the call site is named
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def test_trace_and_report_files_from_the_launcher(tmp_path):
+    prog = tmp_path / "app.py"
+    prog.write_text("import numpy as np\na = np.ones((200, 200))\nprint(np.matmul(a, a)[0, 0])\n")
+    out = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", "remote", "--quiet",
+                          "--report", str(tmp_path / "r.json"), "--trace", str(tmp_path / "t.json"), str(prog)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    _check_trace(json.loads((tmp_path / "t.json").read_text()))
+    shown = subprocess.run([sys.executable, "-m", "fusion_shim", "report", str(tmp_path / "r.json"),
+                            "--what-if", "bandwidth=1.25e7,rtt=0.01,speedup=50"], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    assert "ESTIMATE" in shown.stdout and "matmul" in shown.stdout
+
+
+def test_whatif_prices_by_the_profile():
+    rec = {"kind": "worker", "op": "numpy.matmul", "phases": {"kernel": 0.5}, "local_measured_s": 1.0,
+           "predicted_local_s": None, "bytes_sent": 10**8, "bytes_received": 10**8, "shapes": [], "dtypes": [],
+           "wall_s": 0.7}
+    rep = {"records": [rec]}
+    fast = reprice(rep, LinkProfile(bandwidth=1e10, rtt=1e-4, speedup=10))
+    slow = reprice(rep, LinkProfile(bandwidth=1e8, rtt=1e-2, speedup=10))
+    assert fast["calls_offloaded"] == 1 and fast["best_placement_s"] < 0.1
+    assert slow["calls_offloaded"] == 0 and slow["best_placement_s"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="bandwidth"):
+        LinkProfile.parse("latency=3")
+
+
+def test_magic_in_a_real_ipython_kernel():
+    jupyter_client = pytest.importorskip("jupyter_client")
+    pytest.importorskip("ipykernel")
+    km, kc = jupyter_client.manager.start_new_kernel(kernel_name="python3", env={**os.environ, "FUSION_SHIM_QUIET": "1"})
+    try:
+        def run(code):
+            out = []
+            kc.execute(code)
+            while True:
+                msg = kc.get_iopub_msg(timeout=120)
+                if msg["msg_type"] == "stream":
+                    out.append(msg["content"]["text"])
+                if msg["msg_type"] == "error":
+                    out.append("\n".join(msg["content"]["traceback"]))
+                if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                    return "".join(out)
+        run("%load_ext fusion_shim")
+        text = run("%%fusion_shim --policy remote\nimport numpy as np\na = np.ones((300, 300))\n"
+                   "print('sum', float(np.matmul(a, a).sum()))")
+        assert "sum 27000000.0" in text
+        assert "fusion_shim report" in text and "matmul" in text
+        line = next(l for l in text.splitlines() if l.strip().startswith("matmul"))
+        assert line.split()[2] == "1", line  # one call, on the worker
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

@@ -938,7 +938,6 @@ def test_at_least_3000_generated_calls():
         assert sum(sum(c.values()) for c in TOTALS.values()) >= 3000, TOTALS
 
 
-
 # --- zero-size inputs: no work to offload; the library's own answer (or error), exactly ------------
 
 E = np.empty

@@ -56,8 +56,8 @@ class Prepared:
     flops: float
     out: ndarray | None = None
     scalar_0d: bool = False   # NumPy returns a scalar, not a 0-d array, when the result is 0-d
-    returns: str = "array"    # "array", or the numpy.linalg named tuple the results form
     scalar_out: bool = False  # np.dot: a 0-d out= is returned as a scalar too (NumPy's PyArray_Return)
+    returns: str = "array"    # "array", or the numpy.linalg named tuple the results form
     # Builds NumPy's return value from the worker's arrays when the three fields above cannot say it
     # (eig's real-or-complex result, lstsq's tuple, a result NumPy returns as a view, ...). It only
     # rearranges what the worker computed, with NumPy's own cheap operations; it never raises.
@@ -283,7 +283,9 @@ def unwrap(fn: Any) -> Any:
     ``wrapt.FunctionWrapper`` or, with its C extension, a ``wrapt.ObjectProxy`` subclass."""
     import wrapt
 
-    return fn.__wrapped__ if isinstance(fn, (wrapt.FunctionWrapper, wrapt.ObjectProxy)) else fn
+    ours = isinstance(fn, wrapt.FunctionWrapper) or (  # the wrapt path, or the C fast path (issue 3)
+        isinstance(fn, wrapt.ObjectProxy) and type(fn).__module__ == "fusion_shim.intercept.native")
+    return fn.__wrapped__ if ours else fn
 
 
 def original(spec: OpSpec) -> Callable:

@@ -164,10 +164,13 @@ def _on_numpy(_numpy: ModuleType) -> None:
                 _patch_rows(name, rt)
         native.publish_floor(-1 if rt.local_only else rt.floor_bytes)
         ok, why = native.install_operators(rt)
-        use_c = rt.config.native and native.available()
-        rt.operators = {"intercepted": ok, "why": why, "fast_path": "C" if use_c else "wrapt"}
+        rt.operators = {"intercepted": ok, "why": why, "fast_path": "C" if _use_c(rt) else "wrapt"}
         rt.ledger.event("operators @, @=, .dot intercepted" if ok else f"operators @, @=, .dot not intercepted: {why}")
     rt.start()
+
+
+def _use_c(rt: "Runtime") -> bool:
+    return rt.config.native and native.available()
 
 
 def _on_library(module: ModuleType) -> None:
@@ -187,7 +190,7 @@ def _patch_rows(trigger: str, rt: "Runtime") -> None:
     if trigger in _patched_triggers:
         return
     _patched_triggers.add(trigger)
-    use_c = rt.config.native and native.available()
+    use_c = _use_c(rt)
     fast_cells: list[tuple[str, Any]] = []
     for spec in CATALOG:
         if spec.trigger != trigger:

@@ -734,7 +734,8 @@ class TorchBackend:
         return out, {"h2d": t1 - t0, "kernel": t2 - t1, "d2h": time.perf_counter() - t2}
 
     def compute(self, kernel: Kernel, tensors: list, params: dict, layouts: list) -> list:
-        """Device results in the layouts the client asked for; inputs cast to the compute dtype."""
+        """Device results in the layouts the client asked for. Inputs are cast to the compute dtype
+        (or each to its ``idtypes`` entry); results to ``rdtypes`` where NumPy returns another type."""
         cdtype = DTYPES[np.dtype(params["cdtype"])]
         idtypes = params.get("idtypes") or [None] * len(tensors)  # per operand, where they differ (issue 4)
         rdtypes = params.get("rdtypes")

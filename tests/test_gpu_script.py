@@ -1,0 +1,54 @@
+"""The prepared GPU run (benchmarks/gpu/run.sh, issue 9) as a CPU dry run, so that it never rots:
+the script runs end to end with ``--device cpu --quick``, every step succeeds, and the JSON it
+writes has what the GPU run's table is made from. Its timings are not checked: tiny sizes on a CPU.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_dry_run_writes_the_results(tmp_path):
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
+    env.update(OUT=str(out), PYTHON=sys.executable)
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks/gpu/run.sh"), "--device", "cpu", "--quick"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and {"results.json", "summary.txt", "workloads.json", "run.log"} <= set(files), files
+    res = json.loads((out / "results.json").read_text())
+    log = (out / "run.log").read_text()[-4000:]
+    assert res["schema"] == "fusion_shim.gpu_run/1" and res["device"] == "cpu" and res["quick"] is True
+    for step in ("deps", "install", "env", "fidelity", "diff", "workloads"):
+        assert res["steps"][step]["exit"] == 0, (step, res["steps"][step], log)
+    assert res["steps"]["native"]["exit"] in (0, "absent"), res["steps"]["native"]
+    assert res["env"]["python"] and res["env"]["numpy"] and res["env"]["cpus"] >= 1
+    assert res["differential"]["passed"] >= 5 and res["differential"]["failures"] == 0, res["differential"]
+    assert res["fidelity"]["passed"] >= 2 and res["fidelity"]["failures"] == 0, res["fidelity"]
+    wl = res["workloads"]
+    assert wl["worker"]["device"] == "cpu"
+    assert set(wl["workloads"]) == {"power", "matmul_chain", "fft", "decomp"}
+    for name, row in wl["workloads"].items():
+        for policy in ("local", "remote", "auto"):
+            assert "body_s" in row[policy], (name, policy, row[policy])
+        remote = row["remote"]
+        assert remote["calls"]["worker"] >= 1 and remote["calls"]["fallback"] == 0, (name, remote["calls"])
+        assert row["checksum_rel_diff_remote"] < 1e-4 and row["checksum_rel_diff_auto"] < 1e-4, (name, row)
+    assert "target_met" in wl["workloads"]["power"] and "target_met" in wl["workloads"]["matmul_chain"]
+    summary = (out / "summary.txt").read_text()
+    assert "quick dry run" in summary and "matmul_chain" in summary
+
+
+def test_the_device_command_fits_the_tool():
+    """The README's device call must stay under the tool's 2,000 characters."""
+    readme = (ROOT / "benchmarks/gpu/README.md").read_text()
+    command = re.search(r"- command: `([^`]+)`", readme)[1]
+    assert command.startswith("bash benchmarks/gpu/run.sh") and len(command) < 2000
+    assert (ROOT / "benchmarks/gpu/run.sh").exists()

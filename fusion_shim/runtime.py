@@ -147,7 +147,7 @@ class WorkerLink:
             rid = next(self._ids)
             t = time.monotonic()
             header, _ = chan.request(rid, wire.encode({"t": "hello", "id": rid}),
-                                     t + self.config.ready_timeout, self.alive)
+                                     t + self.config.ready_timeout, self._probe_alive)
             if header["t"] == "error":
                 raise transport.BadReply(f"hello answered with an error: {header.get('kind')}: {header.get('msg')}")
             if header["t"] != "ready":
@@ -224,6 +224,11 @@ class WorkerLink:
         health = header.get("health_s")
         return max(took - health, took / 10) if isinstance(health, float) else took
 
+    def _probe_alive(self) -> bool:
+        """A probe also ends when the link is stopped: its thread must not hold a socket for up to
+        ready_timeout after uninstall."""
+        return not self.stopped and self.alive()
+
     def alive(self) -> bool:
         if self.proc is None:
             return True
@@ -261,12 +266,15 @@ class WorkerLink:
             self._probing = False
             self._probe()
 
-    def wait_ready(self, timeout: float) -> bool:
+    def wait_ready(self, timeout: float, while_starting: bool = False) -> bool:
         """Wait for readiness up to ``timeout``; False at once when there is no hope (stopped, or an
-        embedded worker dead with no restart left)."""
+        embedded worker dead with no restart left), or with ``while_starting`` once the worker is
+        no longer a cold one starting up (its first probe failed: calls do not wait on retries)."""
         deadline = time.monotonic() + timeout
         while not self.ready.is_set():
             if self.stopped or (self.embedded and self.restarts >= MAX_RESTARTS and not self.alive()):
+                return False
+            if while_starting and self.state != "starting":
                 return False
             if not self.ready.wait(min(0.05, max(deadline - time.monotonic(), 0))) and time.monotonic() >= deadline:
                 return False
@@ -295,6 +303,7 @@ class WorkerLink:
             self.stopped = True
         self.state = "stopped"
         self.ready.clear()
+        self._drop_channel()  # this thread's; other threads' channels go with their threads
         if self.proc is not None and os.getpid() == self.owner and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -416,7 +425,7 @@ class Runtime:
         # only a cold worker is waited for; one that faulted is probed in the background instead
         if self.config.policy == "remote" and self.link is not None and self.link.state == "starting":
             waited = time.perf_counter()
-            self.link.wait_ready(self.config.ready_timeout)
+            self.link.wait_ready(self.config.ready_timeout, while_starting=True)
             rec.phases["wait_ready"] = time.perf_counter() - waited
         price = lambda bytes_in: plan.decide(self.config.policy, spec.family, prep.flops, bytes_in, prep.bytes_out,
                                              self.worker_state(), self.profile, self.config.min_flops)
@@ -582,6 +591,9 @@ class Runtime:
                     if k in ("h2d", "kernel", "d2h", "fingerprint") and isinstance(v, (int, float))}
         worker_fp = worker_s.pop("fingerprint", 0.0)
         rec.phases.update(worker_s)
+        if timing.get("oom_retry"):
+            self.ledger.event(f"worker ran out of memory on {prep.spec.kernel_id}; it freed its caches and the retry "
+                              "succeeded")
         if worker_fp:
             rec.phases["fingerprint"] = rec.phases.get("fingerprint", 0.0) + worker_fp
         # the worker may start before send() returns (zero-copy sends overlap), so send and transfer

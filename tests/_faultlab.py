@@ -67,7 +67,7 @@ def numpy_worker(max_bytes: int | None = None) -> Any:
         "dot": lambda t, p: [raw(np.dot)(t[0], t[1])],
         "linalg.solve": lambda t, p: [raw(np.linalg.solve)(t[0], t[1])],
         "linalg.inv": lambda t, p: [raw(np.linalg.inv)(t[0])],
-        "fft.fft": lambda t, p: [raw(np.fft.fft)(t[0], n=p["n"], axis=p["axis"], norm=p["norm"])],
+        "fft.fft1": lambda t, p: [raw(getattr(np.fft, p["kind"]))(t[0], n=p["n"], axis=p["axis"], norm=p["norm"])],
     }
 
     class NumpyBackend:
@@ -428,7 +428,9 @@ def fault_run(directory: str, n_calls: int, *, seed: int, rate: float, timeout: 
                 "p99_s": times[int(len(times) * 0.99)], "median_s": times[len(times) // 2],
                 "injections": lab.injections(), "injected": sum(lab.injections().values()),
                 "workers_started": lab.spawned, "kinds": kinds, "fallback_reasons": reasons,
-                "wall_s": time.monotonic() - started, "timeout": timeout}
+                "wall_s": time.monotonic() - started, "timeout": timeout,
+                "events_tail": [e for _, e in rt.ledger.events[-12:]],
+                "open_fds": len(os.listdir("/proc/self/fd"))}
     finally:
         fusion_shim.uninstall()
         lab.close()

@@ -219,6 +219,7 @@ def test_out_of_memory_is_retried_once_then_runs_locally():
         np.testing.assert_allclose(np.matmul(a, a), want)
         rec = last(rt)
         assert rec.kind == "worker" and state["freed"] == 1, (rec, state)
+        assert "retry succeeded" in events(rt)
         state["fail"] = 2  # the retry fails too: an error reply, and the call runs here
         np.testing.assert_allclose(np.matmul(a, a), want)
         rec = last(rt)

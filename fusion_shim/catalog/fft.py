@@ -148,11 +148,10 @@ def rule_fft_nd(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
 
 FFT1 = ("n", "axis", "norm", "out")
 FFTN = ("s", "axes", "norm", "out")
-# kernel ids "fft.<name>": one kernel per kind on the worker (fft.fft1, fft.fftn) under each name
 ROWS: tuple[OpSpec, ...] = tuple(
-    OpSpec(f"numpy.fft.{name}", "numpy.fft", name, "fft", rule_fft_1d, FFT1, args=("a",))
+    OpSpec(f"numpy.fft.{name}", "numpy.fft", name, "fft", rule_fft_1d, FFT1, kernel="fft.fft1", args=("a",))
     for name in ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft")
 ) + tuple(
-    OpSpec(f"numpy.fft.{name}", "numpy.fft", name, "fft", rule_fft_nd, FFTN, args=("a",))
+    OpSpec(f"numpy.fft.{name}", "numpy.fft", name, "fft", rule_fft_nd, FFTN, kernel="fft.fftn", args=("a",))
     for name in ("fft2", "ifft2", "fftn", "ifftn", "rfft2", "irfft2", "rfftn", "irfftn")
 )

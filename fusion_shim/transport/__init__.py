@@ -148,7 +148,10 @@ class Channel:
         self.pid = os.getpid()
         self.handshakes = 0  # successful handshakes of the data socket (reconnects add to it)
         self.up = False      # the data socket's connection, as its monitor last said
-        self._pending: list[TransportError] = []
+        self.refused: str | None = None  # why the last handshake failed, until one succeeds
+        self.closed_early = False        # closed before any handshake succeeded
+        self.disconnects = 0             # of the data socket, after a handshake
+        self.pulse_up = self.pulse_seen = False
         self.curve = curve is not None
         ctx = context()
         self.sock = ctx.socket(zmq.DEALER)
@@ -183,38 +186,50 @@ class Channel:
         self.last_bytes_sent = 0
         self.last_bytes_received = 0
 
-    def _events(self) -> None:
-        """Read the monitors (never blocks); raise what a waiting request must know, in order."""
-        for i, mon in enumerate(self.monitors):
-            while mon.poll(0):
+    def _events(self, data_only: bool = False) -> None:
+        """Read the monitors (never blocks) into the connection state. For the pulse only the state
+        after its last event counts (it carries no requests); the data socket's disconnects are
+        counted, since a request in flight is lost with its connection even if another follows."""
+        for i, mon in enumerate(self.monitors[:1] if data_only else self.monitors):
+            while mon.get(zmq.EVENTS) & zmq.POLLIN:
                 event = int.from_bytes(mon.recv_multipart()[0][:2], "little")
-                if i == 1:
+                if i == 1:  # the pulse
                     if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                        self.pulse_up = True
-                    elif event == zmq.EVENT_DISCONNECTED and self.pulse_up:
+                        self.pulse_up = self.pulse_seen = True
+                    elif event == zmq.EVENT_DISCONNECTED:
                         self.pulse_up = False
-                        self._pending.append(WorkerLost(
-                            f"no heartbeat from {self.url} for {HEARTBEAT_TIMEOUT_MS} ms, or its connection "
-                            "closed (worker stopped, killed or unreachable)"))
-                    continue
-                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     self.handshakes += 1
-                    self.up = True
+                    self.up, self.refused, self.closed_early = True, None, False
                 elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                    self._pending.append(Refused(f"the worker at {self.url} refused this client's key"))
+                    self.up, self.refused = False, f"the worker at {self.url} refused this client's key"
                 elif event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-                    self._pending.append(Refused(
-                        f"security handshake with {self.url} failed (wrong server key, or one side speaks "
-                        "CURVE and the other does not)"))
+                    self.up, self.refused = False, (f"security handshake with {self.url} failed (wrong server key, "
+                                                    "or one side speaks CURVE and the other does not)")
                 elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL):
-                    if self.up:
-                        self._pending.append(WorkerLost(f"connection to {self.url} lost (worker killed, "
-                                                        "stopped or unreachable)"))
-                    else:  # a worker dying mid-handshake looks the same as one refusing our keys
-                        hint = " (with CURVE: or a wrong server key)" if self.curve else ""
-                        self._pending.append(WorkerLost(
-                            f"{self.url} closed the connection before the handshake completed{hint}"))
+                    self.closed_early = self.closed_early or not self.handshakes
+                    self.disconnects += self.up
                     self.up = False
+
+    def _problem(self, mark: int) -> TransportError | None:
+        """Why a reply cannot come, by what the monitors said since the request left (``mark``: the
+        disconnects counted then); None if it still may."""
+        if self.disconnects > mark:
+            return WorkerLost(f"connection to {self.url} lost while waiting (worker killed, stopped or "
+                              "unreachable)")
+        if self.up:
+            if self.pulse_seen and not self.pulse_up:
+                return WorkerLost(f"no heartbeat from {self.url} for {HEARTBEAT_TIMEOUT_MS} ms, or its connection "
+                                  "closed (worker stopped, killed or unreachable)")
+            return None
+        if self.refused:
+            return Refused(self.refused)
+        if self.handshakes:
+            return WorkerLost(f"connection to {self.url} lost (worker killed, stopped or unreachable)")
+        if self.closed_early:  # a worker dying mid-handshake looks the same as one refusing our keys
+            hint = " (with CURVE: or a wrong server key)" if self.curve else ""
+            return WorkerLost(f"{self.url} closed the connection before the handshake completed{hint}")
+        return None
 
     def request(
         self,
@@ -224,23 +239,22 @@ class Channel:
         alive: Callable[[], bool] | None = None,
     ) -> tuple[dict, list]:
         """Send ``frames`` and return the decoded reply with id ``rid``; raise TransportError."""
-        # what happened before this request (an old disconnect) is not about it, except that a
-        # connection known to be down cannot carry it: fail now rather than at the deadline
         try:
-            self._pending = []
-            self._events()
-            self._pending = []
+            # what the data socket's monitor says before the request leaves is not about it
+            # (~2 us when it has nothing); a connection known to be down cannot carry it
+            self._events(data_only=True)
+            mark = self.disconnects
             if self.handshakes and not self.up:
                 raise WorkerLost(f"connection to {self.url} is down (lost since the last call, not yet back)")
             t = time.perf_counter()
             self.last_bytes_sent = send_frames(self.sock, frames)
             self.last_send_s = time.perf_counter() - t
             self.last_bytes_received = 0
-            return self._wait(rid, deadline, alive)
+            return self._wait(rid, deadline, alive, mark)
         except zmq.ZMQError as exc:
             raise TransportError(f"socket error: {exc}") from None
 
-    def _wait(self, rid: int, deadline: float, alive: Callable[[], bool] | None) -> tuple[dict, list]:
+    def _wait(self, rid: int, deadline: float, alive: Callable[[], bool] | None, mark: int) -> tuple[dict, list]:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -249,8 +263,9 @@ class Channel:
                 if alive is not None and not alive():
                     raise WorkerDied(f"worker at {self.url} exited")
                 self._events()
-                if self._pending:
-                    raise self._pending[0]
+                problem = self._problem(mark)
+                if problem is not None:
+                    raise problem
                 continue
             reply = self.sock.recv_multipart(copy=False)
             self.last_bytes_received += sum(frame_bytes(f) for f in reply)

@@ -687,8 +687,6 @@ KERNELS: dict[str, Kernel] = {
     "linalg.matrix_power": _matrix_power,
     "fft.fft1": _fft1,
     "fft.fftn": _fftn,
-    **{f"fft.{name}": _fft1 for name in ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft")},
-    **{f"fft.{name}": _fftn for name in ("fft2", "ifft2", "fftn", "ifftn", "rfft2", "irfft2", "rfftn", "irfftn")},
     "scipy.linalg.solve": _s_solve,
     "scipy.linalg.inv": _s_inv,
     "scipy.linalg.lu_factor": _s_lu_factor,

@@ -14,6 +14,7 @@ import numpy.linalg
 import pytest
 
 from fusion_shim import intercept
+from fusion_shim.catalog.base import unwrap
 from fusion_shim.catalog import BY_NAME, CATALOG, NOT_ARRAY_FUNCTIONS, NOT_OFFLOADED, OpSpec, Unsupported, \
     check_signature, prepare
 
@@ -63,7 +64,7 @@ def test_row_matches_the_installed_signature_and_has_a_kernel(spec):
     if spec.trigger != "numpy":
         pytest.importorskip(spec.trigger)
     func = getattr(importlib.import_module(spec.module), spec.attr)
-    func = getattr(func, "__wrapped__", func) if type(func).__name__ in ("FunctionWrapper", "FunctionProxy") else func
+    func = unwrap(func)
     sig = check_signature(spec, func)
     assert spec.args and all(a in sig.parameters for a in spec.args)
     assert spec.kernel_id in kernels.KERNELS, f"{spec.name}: no kernel {spec.kernel_id!r} on the worker"

@@ -393,7 +393,9 @@ def test_install_uninstall_restore_exactly(no_shim):
     wrapped = {spec.name: getattr(sys.modules[spec.module], spec.attr) for spec in CATALOG}
     for spec in CATALOG:
         current = wrapped[spec.name]
-        assert isinstance(current, wrapt.ObjectProxy), spec.name
+        # the C fast path's proxy; rows whose arrays come in a list (multi_dot, lu_solve) keep wrapt's
+        # Python path, whose floor check looks inside it (issue 4)
+        assert isinstance(current, wrapt.FunctionWrapper if spec.nested else wrapt.ObjectProxy), spec.name
         assert current.__wrapped__ is before[spec.module][spec.attr], spec.name
     assert all(lookup(path) is not original for path, original in named.items())
 

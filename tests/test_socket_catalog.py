@@ -15,7 +15,7 @@ import tempfile
 import pytest
 
 import fusion_shim
-from test_hypothesis_catalog import STRATEGIES, run_row
+from test_hypothesis_catalog import RECORDS, STRATEGIES, run_row
 
 EXAMPLES = 6  # per row: 69 rows -> 414 calls over the socket
 
@@ -49,10 +49,10 @@ def shim(socket_worker):
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 def test_row_over_ipc(shim, socket_worker, name):
-    shim.ledger.clear()
+    RECORDS.clear()
     counts = run_row(shim, name, EXAMPLES)
     assert sum(counts.values()) >= EXAMPLES - 1, counts
-    remote = [r for r in shim.ledger.records if r.kind == "worker"]
+    remote = [r for r in RECORDS if r.kind == "worker"]
     assert remote or counts["raised"] + counts["local"] + counts["fallback"] == sum(counts.values()), counts
     assert all(r.bytes_sent > 0 and r.bytes_received > 0 for r in remote), "a remote call moved no bytes"
     assert socket_worker[0].poll() is None, "the worker process died"

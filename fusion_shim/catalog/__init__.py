@@ -21,8 +21,8 @@ from . import fft, linalg, products, scipy
 from .base import OpSpec, Prepared, Unsupported
 from .products import OPERATOR_SIGNATURES, OPERATORS
 
-__all__ = ["BY_NAME", "CATALOG", "NOT_OFFLOADED", "OpSpec", "Prepared", "Unsupported", "check_signature",
-           "prepare"]
+__all__ = ["BY_NAME", "CATALOG", "NOT_OFFLOADED", "OPERATORS", "OPERATOR_SIGNATURES", "OpSpec", "Prepared",
+           "Unsupported", "check_signature", "prepare"]
 
 CATALOG: tuple[OpSpec, ...] = products.ROWS + linalg.ROWS + fft.ROWS + scipy.ROWS
 BY_NAME = {spec.name: spec for spec in CATALOG}

@@ -37,6 +37,9 @@ class OpSpec:
     kernel: str = ""            # worker kernel id; defaults to name without "numpy."
     args: tuple[str, ...] = ("a", "b")  # the parameters that carry arrays (in the signature's order)
     trigger: str = "numpy"      # the module whose import patches this row (issue 4: scipy rows)
+    # an array parameter holds a list or tuple of arrays (multi_dot's arrays, lu_solve's (lu, piv)):
+    # the interceptor's byte floor must look inside it, which only its Python fast path does
+    nested: bool = False
 
     @property
     def kernel_id(self) -> str:
@@ -276,7 +279,8 @@ def tiny(a: ndarray, core: tuple = (), fill: str = "zeros", dtype: Any = None) -
 
 def unwrap(fn: Any) -> Any:
     """The function behind the shim's wrapper (only the shim's: NumPy's dispatchers and SciPy's
-    batching decorators carry ``__wrapped__`` too, and must stay in place)."""
+    batching decorators carry ``__wrapped__`` too, and must stay in place). The shim wraps with a
+    ``wrapt.FunctionWrapper`` or, with its C extension, a ``wrapt.ObjectProxy`` subclass."""
     import wrapt
 
     ours = isinstance(fn, wrapt.FunctionWrapper) or (  # the wrapt path, or the C fast path (issue 3)

@@ -397,7 +397,7 @@ ROWS: tuple[OpSpec, ...] = (
     OpSpec("numpy.linalg.trace", "numpy.linalg", "trace", "products", rule_trace, ("offset", "dtype"),
            args=("x",)),
     OpSpec("numpy.linalg.multi_dot", "numpy.linalg", "multi_dot", "products", rule_multi_dot, ("out",),
-           args=("arrays",)),
+           args=("arrays",), nested=True),
 )
 
 # The ndarray operators and method the C trampolines route here (issue 3; fusion_shim/intercept/
@@ -413,7 +413,8 @@ OPERATORS: tuple[OpSpec, ...] = (
     OpSpec("numpy.ndarray.dot", "numpy", "ndarray.dot", "products", rule_dot, ("out",), kernel="dot"),
 )
 OPERATOR_SIGNATURES: tuple[inspect.Signature, ...] = (
-    inspect.Signature([_P("x1", _P.POSITIONAL_ONLY), _P("x2", _P.POSITIONAL_ONLY), _P("out", _P.KEYWORD_ONLY, default=None)]),
+    inspect.Signature([_P("x1", _P.POSITIONAL_ONLY), _P("x2", _P.POSITIONAL_ONLY),
+                       _P("out", _P.KEYWORD_ONLY, default=None)]),
     inspect.Signature([_P("x1", _P.POSITIONAL_ONLY), _P("x2", _P.POSITIONAL_ONLY)]),
     inspect.Signature([_P("a", _P.POSITIONAL_OR_KEYWORD), _P("b", _P.POSITIONAL_OR_KEYWORD),
                        _P("out", _P.POSITIONAL_OR_KEYWORD, default=None)]),

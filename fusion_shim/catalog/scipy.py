@@ -361,7 +361,7 @@ ROWS: tuple[OpSpec, ...] = (
     OpSpec("scipy.linalg.lu_factor", SL, "lu_factor", "linalg", rule_lu_factor, ("overwrite_a", "check_finite"),
            args=("a",), trigger=SL),
     OpSpec("scipy.linalg.lu_solve", SL, "lu_solve", "linalg", rule_lu_solve, ("trans", "overwrite_b", "check_finite"),
-           args=("lu_and_piv", "b"), trigger=SL),
+           args=("lu_and_piv", "b"), trigger=SL, nested=True),
     OpSpec("scipy.linalg.qr", SL, "qr", "linalg", rule_qr, ("overwrite_a", "lwork", "mode", "pivoting", "check_finite"),
            args=("a",), trigger=SL),
     OpSpec("scipy.linalg.expm", SL, "expm", "linalg", rule_expm, args=("A",), trigger=SL),

@@ -174,8 +174,8 @@ def _use_c(rt: "Runtime") -> bool:
 
 
 def _on_library(module: ModuleType) -> None:
-    """A trigger module other than NumPy was imported: wrap its rows (NumPy's hook has run: SciPy
-    imports NumPy first)."""
+    """A trigger module other than NumPy was imported (issue 4): wrap its rows. NumPy's hook has
+    run by then (SciPy imports NumPy first) and created the runtime."""
     with _lock:
         rt = _runtime
         if rt is None or isinstance(rt, _Pending) or "numpy" not in _patched_triggers:
@@ -184,6 +184,7 @@ def _on_library(module: ModuleType) -> None:
 
 
 def _patch_rows(trigger: str, rt: "Runtime") -> None:
+    """Wrap every row whose trigger is ``trigger``, once per install."""
     from ..catalog import CATALOG, check_signature
 
     if trigger in _patched_triggers:
@@ -203,7 +204,7 @@ def _patch_rows(trigger: str, rt: "Runtime") -> None:
             rt.ledger.event(f"not intercepted: {spec.name}: {exc}")
             continue
         slow = _make_slow(spec, sig, rt, original)
-        if use_c:
+        if use_c and not spec.nested:  # the C floor check counts top-level ndarrays only
             proxy, fast = native.fast_proxy(original, slow)
             fast_cells.append((spec.name, fast))
         else:

@@ -735,7 +735,7 @@ class TorchBackend:
         """Device results in the layouts the client asked for. Inputs are cast to the compute dtype
         (or each to its ``idtypes`` entry); results to ``rdtypes`` where NumPy returns another type."""
         cdtype = DTYPES[np.dtype(params["cdtype"])]
-        idtypes = params.get("idtypes") or [None] * len(tensors)
+        idtypes = params.get("idtypes") or [None] * len(tensors)  # per operand, where they differ (issue 4)
         rdtypes = params.get("rdtypes")
         if len(idtypes) != len(tensors):
             raise ValueError(f"{len(idtypes)} idtypes for {len(tensors)} operands")

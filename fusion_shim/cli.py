@@ -23,14 +23,18 @@ usage: python -m fusion_shim [options] (app.py | -m module) [args...]
        fusion-shim worker --bind URL [--device auto|cpu|cuda:N] [--keys DIR | --insecure]
        fusion-shim keys DIR [--client NAME ...]
        fusion-shim report run.json [--what-if bandwidth=B,rtt=S,speedup=X] [--trace PATH]
+       fusion-shim calibrate        measure this machine's local speed now and cache it
 
 options (each also a FUSION_SHIM_* variable):
   --policy auto|local|remote   where calls run (default auto)
   --worker URL                 a running worker (ipc://, tcp://); default: start one in the background
+  --workers URL,URL,...        several running workers; each call runs here or on one of them
   --device auto|cpu|cuda:N     device of the embedded worker
   --report PATH                write the report as JSON to PATH
   --trace PATH                 write a Chrome-trace timeline (open it in https://ui.perfetto.dev)
   --verify FRACTION|all        also compute that share of worker answers here and compare them
+  --min-flops N                auto: never offload a call estimated below N flops (default 0: the
+                               per-op floors the planner derives)
   --timeout SECONDS            a remote call not answered by then is computed locally (default 60)
   --ready-timeout SECONDS      how long --policy remote waits for a warming worker (default 120)
   --quiet                      no report table on stderr
@@ -38,7 +42,7 @@ options (each also a FUSION_SHIM_* variable):
   --server-key PATH            the worker's public key file (a worker serving with --keys)
   --client-keys PATH           this client's .key_secret file (its name in the worker's allow-list)
 """
-RUN_OPTIONS = ("policy", "worker", "device", "report", "trace", "verify", "timeout", "ready-timeout", "min-flops",
+RUN_OPTIONS = ("policy", "worker", "workers", "device", "report", "trace", "verify", "timeout", "ready-timeout", "min-flops",
                "server-key", "client-keys")
 RUN_FLAGS = ("quiet", "strict")
 
@@ -90,6 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         return worker_main(argv[1:])
     if argv[0] == "report":
         return report_main(argv[1:])
+    if argv[0] == "calibrate":
+        return calibrate_main(argv[1:])
     if argv[0] == "keys":
         return keys_main(argv[1:])
     from .config import Config, ConfigError
@@ -101,6 +107,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"fusion_shim: {exc}\n\n{USAGE}", file=sys.stderr)
         return 2
     return run_program(config, script, module, args)
+
+
+def calibrate_main(argv: list[str]) -> int:
+    """Probe every (family, dtype) now and write the cache the planner reads on first use (issue 5);
+    runs would otherwise measure on first use, in the background, and only what they use."""
+    if argv:
+        print("usage: fusion-shim calibrate", file=sys.stderr)
+        return 2
+    from .plan import Planner, calibrate
+
+    key = calibrate.build_key()
+    path = calibrate.cache_path(key)
+    planner = Planner("auto", 0, cache=calibrate.Cache(path, key), on_event=print)
+    planner.calibrate_now([(f, d) for f in ("products", "linalg", "fft") for d in calibrate.FLOAT_DTYPES])
+    print(f"written to {path}")
+    return 0
 
 
 def run_program(config: Any, script: str | None, module: str | None, args: list[str]) -> int:

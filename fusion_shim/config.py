@@ -97,6 +97,14 @@ def _worker_url(name: str, raw: str) -> str | None:
     return value
 
 
+def _worker_urls(name: str, raw: str) -> tuple[str, ...]:
+    """Comma-separated worker URLs (issue 5): each decision picks local or one of them."""
+    urls = tuple(u for u in (_worker_url(name, part) for part in raw.split(",")) if u)
+    if len(set(urls)) != len(urls):
+        raise ConfigError(f"{name}={raw!r} lists a worker twice; valid: distinct URLs separated by commas")
+    return urls
+
+
 def _text(name: str, raw: str) -> str | None:
     return raw or None
 
@@ -131,12 +139,14 @@ def _client_keys(name: str, raw: str) -> str | None:
 class Config:
     policy: str = "auto"          # auto | local | remote
     worker: str | None = None     # URL of a running worker; None: start an embedded one over ipc://
+    workers: tuple[str, ...] = () # several running workers (FUSION_SHIM_WORKERS=url,url); replaces worker
     device: str = "auto"          # device of the embedded worker
     report: str | None = None     # path for the JSON report
     quiet: bool = False           # no summary table on stderr at exit
     timeout: float = 60.0         # seconds a remote call may take before it is computed locally
     ready_timeout: float = 120.0  # seconds policy=remote waits for a warming worker before running locally
-    min_flops: float = 2e7        # auto: below this estimated work a call never leaves the process
+    min_flops: float = 0.0        # auto: below this estimated work a call never leaves the process;
+    #                               0: only the per-op floors the planner derives from its models (issue 5)
     strict: bool = False          # turn every fallback and every mismatch into an error
     verify: float = 0.0           # fraction of worker answers also computed here and compared
     trace: str | None = None      # path for a Chrome-trace (Perfetto) timeline of the run
@@ -169,7 +179,12 @@ class Config:
                 raise ConfigError(f"unknown setting {field!r}; valid: {', '.join(_PARSERS)}")
             if isinstance(value, str) and field not in ("report", "trace"):
                 value = _PARSERS[field](f"--{field.replace('_', '-')}", value)
+            elif field == "workers":
+                value = _worker_urls("workers", ",".join(value))
             values[field] = value
+        if values.get("worker") and values.get("workers"):
+            raise ConfigError(f"{PREFIX}WORKER and {PREFIX}WORKERS are both set; valid: one of them "
+                              "(WORKERS takes a comma-separated list)")
         if bool(values.get("server_key")) != bool(values.get("client_keys")):
             raise ConfigError(f"{PREFIX}SERVER_KEY and {PREFIX}CLIENT_KEYS go together: a CURVE client needs the "
                               "worker's public key and its own key pair")
@@ -182,6 +197,9 @@ class Config:
             value = getattr(self, field.name)
             if value is None or value == field.default:
                 continue
+            if isinstance(value, tuple):
+                out[PREFIX + field.name.upper()] = ",".join(value)
+                continue
             out[PREFIX + field.name.upper()] = str(int(value)) if isinstance(value, bool) else str(value)
         return out
 
@@ -189,6 +207,7 @@ class Config:
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "policy": _choice(POLICIES),
     "worker": _worker_url,
+    "workers": _worker_urls,
     "device": _device,
     "report": _text,
     "quiet": _bool,

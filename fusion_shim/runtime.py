@@ -9,9 +9,9 @@ and the call is computed locally: a fault costs time, never an exception or a wr
 Issue 8 (reliability):
 
 - Each call's deadline follows its prediction: ``max(DEADLINE_FLOOR_S, DEADLINE_FACTOR x predicted
-  worker time)``, capped by ``Config.timeout``, once the op's family has a measured worker time (an
-  unmeasured prediction can be off by 10x: a CPU worker's first SVD was); a call that runs out
-  teaches the model it was slow.
+  worker time)``, capped by ``Config.timeout``, once that worker has answered the op (with that
+  dtype) before (an unmeasured prediction can be off by 10x: a CPU worker's first SVD was); a call
+  that runs out teaches the model it was slow.
 - An op (kernel id and dtypes) in flight when the worker died or its connection dropped ``CRASH_LIMIT``
   times runs locally for the rest of the run; the events and each record say so.
 - Under ``remote`` only a cold worker (starting, or restarted) is waited for; a worker that faulted is
@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from . import plan, transport, wire
+from . import linkprobe, plan, transport, wire
 from .catalog import OpSpec, Prepared, Unsupported, prepare
 from .config import Config
 from .ledger import Ledger, Record, call_site
@@ -51,6 +51,33 @@ CRASH_LIMIT = 3  # an op in flight this many times when the worker went down run
 DEADLINE_FLOOR_S = 5.0   # per-call deadline: max(floor, factor x predicted), capped by Config.timeout,
 DEADLINE_FACTOR = 20.0   # once the family has a measured worker time (before that: Config.timeout)
 REPROBE_MAX_S = 5.0  # a faulted worker is probed again after 0.1 s, doubling up to this
+
+
+def _lower_priority(pid: int) -> None:
+    """Issue 5: under ``auto`` nobody waits for the embedded worker, and it shares the program's CPUs.
+    It runs at idle priority (SCHED_IDLE; where that is missing, nice 19): its warm-up (torch import,
+    self-benchmark) takes only CPU time nothing else wants, and while the program waits for one of
+    its answers it has the CPUs. On the 2-core development machine a warm-up at nice 10 stalled
+    multi-threaded BLAS calls up to 10x, and at nice 19 still cost 10-15% of a BLAS-bound program.
+    The price: on a machine saturated by other work the worker warms slowly or not at all, and
+    ``auto`` then stays local. Under ``remote`` the program waits for it: it keeps normal priority."""
+    try:
+        # the worker leads a session of its own, and with autogroup scheduling (most Linux desktops
+        # and these machines) a session is a scheduling group that competes with the program's as an
+        # equal, whatever the priority inside it: the group's own nice must drop too
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write("19")
+    except OSError:
+        pass
+    try:
+        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+        return
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, 19)
+    except (AttributeError, OSError):
+        pass
 
 
 class FallbackError(RuntimeError):
@@ -76,13 +103,21 @@ class Done:
 class WorkerLink:
     """One worker: its process when embedded, its readiness, one channel per thread."""
 
-    def __init__(self, config: Config, ledger: Ledger, profile: plan.Profile, guard: threading.local):
+    def __init__(self, config: Config, ledger: Ledger, planner: plan.Planner, guard: threading.local,
+                 url: str | None = None, index: int = 0):
         self.config = config
         self.ledger = ledger
-        self.profile = profile
+        self.planner = planner
         self.guard = guard
-        self.url = config.worker
-        self.embedded = config.worker is None
+        self.index = index  # this worker's place in the planner's profile (issue 5)
+        self.url = url
+        self.embedded = url is None
+        self.inflight = 0  # this process's calls on it now, and their predicted seconds (the planner's queue)
+        self.backlog_s = 0.0
+        self.answered: set[tuple[str, str]] = set()  # (op, dtype) it has answered: their deadlines follow predictions
+        self.rtt_s: float | None = None                    # measured at the first handshake
+        self.bandwidth: tuple[float, float] | None = None  # (up, down) bytes/s, measured on first need
+        self._bw_probing = False
         self.proc: subprocess.Popen | None = None
         self.owner = os.getpid()
         self.tmpdir: str | None = None
@@ -125,6 +160,8 @@ class WorkerLink:
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                      start_new_session=True)
         log.close()
+        if self.config.policy == "auto":
+            _lower_priority(self.proc.pid)
         self.state = "starting"  # a cold worker: under policy remote calls wait for it, as at start
         self.ledger.event(f"embedded worker started (pid {self.proc.pid}) at {self.url}")
 
@@ -157,22 +194,18 @@ class WorkerLink:
                 self.mirror.clear()  # a new worker process holds nothing yet
             self.info = info
             if self.ready_after_s is not None:  # back after a fault: the link was measured before
+                self.info["link"] = {"rtt_s": self.rtt_s, **self._bandwidth_info()}
+                self.planner.worker_ready(self.index, self.info.get("bench"), self.rtt_s or 150e-6,
+                                          *(self.bandwidth or (None, None)))
                 self._ready(f"worker back at {self.url} (pid {self.info.get('pid')})")
                 ok = True
                 return
-            rtt = min(self._ping(chan) for _ in range(5))
-            if not self.profile.calibrated:
-                self.guard.busy = True  # the probes call NumPy: they must not be intercepted
-                try:
-                    self.profile.local_gflops.update(plan.calibrate_local())
-                finally:
-                    self.guard.busy = False
-                self.profile.calibrated = True
-            bench = self.info.get("bench") or {}
-            for family in plan.FAMILIES:
-                if isinstance(bench.get(family), (int, float)) and bench[family] > 0:
-                    self.profile.worker_gflops[family] = float(bench[family])
-            self.profile.rtt_s = rtt
+            # issue 5: the round trip measured before any call is sent; the bandwidth on first need
+            # (measure_bandwidth_soon); the local side calibrates on first use (plan.planner)
+            rtt = self.rtt_s = min(self._ping(chan) for _ in range(5))
+            self.info["link"] = {"rtt_s": rtt, **self._bandwidth_info()}
+            up, down = self.bandwidth or (None, None)
+            self.planner.worker_ready(self.index, self.info.get("bench"), rtt, up, down)
             self.ready_after_s = self.ledger.now()
             self._ready(f"worker ready at {self.url} on {self.info.get('device')} "
                         f"(pid {self.info.get('pid')}, round trip {rtt * 1e6:.0f} us)")
@@ -192,6 +225,57 @@ class WorkerLink:
                     self._probing = False
         if not ok:
             self._reprobe_later()
+
+    def _bandwidth_info(self) -> dict:
+        if self.bandwidth is None:
+            return {}
+        return {"up_bytes_per_s": self.bandwidth[0], "down_bytes_per_s": self.bandwidth[1]}
+
+    def measure_bandwidth_soon(self) -> None:
+        """Issue 5: one bulk transfer each way, on a thread of its own, the first time a call could
+        go to this worker; until it is done the planner prices the link with its prior."""
+        with self._lock:
+            if self.bandwidth is not None or self._bw_probing or self.stopped or not self.ready.is_set():
+                return
+            self._bw_probing = True
+        threading.Thread(target=self._measure_bandwidth, name="fusion-shim-link-probe", daemon=True).start()
+
+    def _measure_bandwidth(self) -> None:
+        chan = None
+        try:
+            chan = transport.Channel(self.url, self.curve)  # its own socket, closed at the end
+            up, down, why, moved = linkprobe.bandwidth(chan, self.next_id, self.rtt_s or 0.0, self._probe_alive,
+                                                       min(self.config.timeout, 30.0))
+            if why is not None:
+                self.ledger.event(f"link bandwidth to {self.url} not measured ({why}); priced with the prior")
+                up = down = plan.LinkModel().up_bps
+            self.bandwidth = (up, down)
+            self.info["link"] = {"rtt_s": self.rtt_s, **self._bandwidth_info()}
+            self.planner.link_measured(self.index, up, down)
+            self.ledger.event(f"link to {self.url}: {up / 1e6:.0f} MB/s up, {down / 1e6:.0f} MB/s down "
+                              f"(the probe moved {moved / 1e6:.1f} MB, not counted with the calls)")
+            if self.planner.policy == "auto":
+                self.ledger.event(f"floors: {self.planner.describe_floors()}")
+        except transport.TransportError as exc:
+            self.ledger.event(f"link bandwidth to {self.url} not measured: {exc}")
+        finally:
+            if chan is not None:
+                chan.close()
+            with self._lock:
+                self._bw_probing = False
+
+    def resident_bytes(self, wired: "_Wired") -> int:
+        """Bytes of a call's inputs this worker is believed to hold (its residency mirror, issue 6):
+        the planner prices only the rest."""
+        return wired.resident_in(self.mirror)
+
+    def plan_state(self, missing: int | None) -> plan.WorkerState:
+        """What the planner sees of this worker for one call; ``missing``: the input bytes it lacks
+        (None: all of them)."""
+        state = self.state
+        if state == "ready" and self.inflight > 0:
+            state = "busy"
+        return plan.WorkerState(state, self.inflight, self.backlog_s, missing, self.url or "")
 
     def _ready(self, text: str) -> None:
         with self._lock:
@@ -244,6 +328,7 @@ class WorkerLink:
         """A call failed: stop sending until the worker proves itself again."""
         self.ready.clear()
         self.state = "down"
+        self.planner.worker_down(self.index)
         self.ledger.event(f"worker fault: {type(exc).__name__}: {exc}")
         self._drop_channel()  # its socket may still hold a late reply or a dead connection: start afresh
         if not self.alive():
@@ -361,10 +446,22 @@ class Runtime:
     def __init__(self, config: Config):
         self.config = config
         self.ledger = Ledger()
-        self.profile = plan.Profile()
         self.guard = GUARD  # .busy: the shim's own NumPy calls must not re-enter it
         self.local_only = config.policy == "local"
-        self.floor_bytes = 0 if config.policy == "remote" else plan.FLOOR_BYTES
+        self._urls: list[str | None] = list(config.workers) or [config.worker]  # None: an embedded worker
+        cache = None
+        if not self.local_only:
+            from .plan import calibrate
+            key = calibrate.build_key()
+            cache = calibrate.Cache(calibrate.cache_path(key), key)
+        from .catalog import CATALOG, OPERATORS
+        self.planner = plan.Planner(config.policy, len(self._urls), min_flops=config.min_flops, cache=cache,
+                                    background=self._background, on_event=self.ledger.event,
+                                    ops={s.name: s.family for s in (*CATALOG, *OPERATORS)})
+        self.planner.inputs_may_be_resident = config.residency
+        self.planner.on_floors = self._publish_floor
+        self.links: list[WorkerLink] = []
+        self._inflight_lock = threading.Lock()
         # whether `@`, `@=` and `.dot` are intercepted, and why not (set by intercept, issue 3)
         self.operators: dict[str, Any] = {"intercepted": False, "why": "not installed", "fast_path": "wrapt"}
         self.link: WorkerLink | None = None
@@ -380,16 +477,47 @@ class Runtime:
         self._crash_lock = threading.Lock()
 
     def start(self) -> None:
-        """Start (or connect to) the worker in the background; called once NumPy is imported."""
+        """Start (or connect to) the workers in the background; called once NumPy is imported."""
         if self.local_only or self.link is not None:
             return
-        self.link = WorkerLink(self.config, self.ledger, self.profile, self.guard)
-        self.link.start()
+        self.links = [WorkerLink(self.config, self.ledger, self.planner, self.guard, url, i)
+                      for i, url in enumerate(self._urls)]
+        self.link = self.links[0]  # the first (with one worker, the only one)
+        self._background(self.planner.refresh_floors, "fusion-shim-floors")  # from priors until one is ready
+        for link in self.links:
+            link.start()
         if self.export_env and self.link.embedded:
             os.environ["FUSION_SHIM_WORKER"] = self.link.url
 
-    def worker_state(self) -> str:
-        return "none" if self.link is None else self.link.state
+    # -- what the interceptor and the planner read (issue 5) ----------------------------------------
+    @property
+    def floor_bytes(self) -> int:
+        """The smallest floor of any op (the C fast path compares with it); each op's own is
+        ``floor_cell(name)[0]``."""
+        return self.planner.floor_bytes
+
+    def floor_cell(self, name: str) -> list[int]:
+        """The op's floor as a one-element list the interceptor reads without a lock or a lookup."""
+        return self.planner.floor_cells[name]
+
+    def _publish_floor(self, floor_bytes: int) -> None:
+        """The planner refreshed its floors: the C fast path holds the smallest (issue 3)."""
+        from . import intercept
+
+        with intercept._lock:  # never after uninstall published -1, nor for a runtime replaced since
+            if intercept._runtime is self and not self.local_only:
+                intercept.native.publish_floor(floor_bytes)
+
+    def _background(self, fn: Any, name: str) -> None:
+        """Run ``fn`` on a daemon thread whose NumPy calls are not intercepted (calibration probes)."""
+        def run() -> None:
+            self.guard.busy = True
+            try:
+                fn()
+            except Exception as exc:  # a failed probe leaves the priors in place; say so
+                self.ledger.event(f"{name} failed: {type(exc).__name__}: {exc}")
+
+        threading.Thread(target=run, name=name, daemon=True).start()
 
     # -- the slow path: one intercepted call that is a candidate ----------------------------------
     def call(self, spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict) -> Done | Record | None:
@@ -423,61 +551,87 @@ class Runtime:
             rec.kind, rec.reason = "fallback", self.pinned[op_key]
             return rec
         # only a cold worker is waited for; one that faulted is probed in the background instead
-        if self.config.policy == "remote" and self.link is not None and self.link.state == "starting":
+        if (self.config.policy == "remote" and self.link is not None and self.link.state == "starting"
+                and not any(link.ready.is_set() for link in self.links)):
             waited = time.perf_counter()
             self.link.wait_ready(self.config.ready_timeout, while_starting=True)
             rec.phases["wait_ready"] = time.perf_counter() - waited
-        price = lambda bytes_in: plan.decide(self.config.policy, spec.family, prep.flops, bytes_in, prep.bytes_out,
-                                             self.worker_state(), self.profile, self.config.min_flops)
-        decision = price(prep.bytes_in)
+        call = plan.Call(spec.name, spec.family, _dtype_code(prep), prep.flops, prep.bytes_in, prep.bytes_out)
+        decision = self.planner.decide(call, [link.plan_state(None) for link in self.links])
         wired = None
-        # Residency (issue 6): fingerprint only a remote candidate: a call that goes to the worker, or
-        # one that would if its inputs were already there. The decision then prices only the bytes
-        # the worker does not hold.
-        if self.config.residency and self.link is not None and (
-                decision.where == "worker" or (decision.local_s is not None and price(0).where == "worker")):
+        # Residency (issue 6): fingerprint only a remote candidate: a call that goes to a worker, or
+        # one that would if its inputs were already there. Each worker is then priced for the input
+        # bytes it does not hold (issue 5), and the one that holds them is preferred.
+        if self.config.residency and self.links and (decision.where == "worker" or (
+                decision.remote_s is not None and self._would_offload_if_resident(call))):
             t = time.perf_counter()
-            wired = _Wired(prep.arrays, self.link.mirror)
+            wired = _Wired(prep.arrays)
             rec.phases["fingerprint"] = time.perf_counter() - t
-            if wired.resident_bytes:
-                decision = price(prep.bytes_in - wired.resident_bytes)
+            held = [link.resident_bytes(wired) for link in self.links]
+            if any(held):
+                decision = self.planner.decide(call, [link.plan_state(prep.bytes_in - h)
+                                                      for link, h in zip(self.links, held)])
+        if self.config.policy == "auto" and decision.remote_s is not None and decision.local_s is not None and (
+                decision.where == "worker" or decision.remote_s < 2 * decision.local_s):
+            # a worker is in the running for this call: its link's bandwidth is worth measuring now
+            # (priced with the prior until then; where even the prior rules it out, never; under
+            # policy remote nothing is decided, and the probe's traffic would only blur the counts)
+            for link in self.links:
+                if link.bandwidth is None:
+                    link.measure_bandwidth_soon()
+        rec.plan = (call, decision)
         rec.reason = decision.reason
         rec.predicted_local_s, rec.predicted_remote_s = decision.local_s, decision.remote_s
         if decision.where == "local":
             # under policy remote every supported call was meant for the worker: that is a fallback
             rec.kind = "fallback" if self.config.policy == "remote" else "local"
             return rec
+        link = self.links[decision.worker or 0]
         predicted = decision.remote_s
-        if predicted is None:
-            predicted = self.profile.predict_remote(spec.family, prep.flops, prep.bytes_in, prep.bytes_out)
         deadline_s = self.config.timeout
-        if (spec.family, "worker") in self.profile.correction:
+        if predicted is not None and (call.op, call.dtype) in link.answered:
             deadline_s = min(deadline_s, max(DEADLINE_FLOOR_S, DEADLINE_FACTOR * predicted))
+        with self._inflight_lock:
+            link.inflight += 1
+            link.backlog_s += predicted or 0.0
         t_sent = time.perf_counter()
         try:
-            value = self._remote(prep, rec, wired, deadline_s)
+            value = self._remote(prep, rec, link, wired, deadline_s, call, decision)
         except transport.TransportError as exc:
             detail = ""
             if isinstance(exc, transport.Timeout):
-                detail = f" ({deadline_s:.3g} s: predicted {predicted:.3g} s)"
-                # it took at least this long: the next prediction for the family moves up
-                self.profile.learn(spec.family, "worker", predicted, time.perf_counter() - t_sent)
+                detail = f" ({deadline_s:.3g} s: predicted {predicted or 0:.3g} s)"
+                # it took at least this long: the next prediction for the op moves up
+                self.planner.timed_out(link.index, call, time.perf_counter() - t_sent)
             if isinstance(exc, (transport.WorkerDied, transport.WorkerLost)):
                 self._count_crash(op_key, exc)
             if not isinstance(exc, WorkerFault):  # an error reply is about this call, not the worker
-                self.link.fault(exc)
+                link.fault(exc)
             rec.kind, rec.reason = "fallback", f"{type(exc).__name__}: {exc}{detail}"[:300]
             return rec
         except Exception as exc:
             # a bug on the shim's own remote path (not NumPy's error, not the worker's: NumPy runs
             # after this, in the caller's frame) must not reach the program either (issue 8)
-            self.link.fault(exc)
+            link.fault(exc)
             rec.kind, rec.reason = "fallback", f"internal error: {type(exc).__name__}: {exc}"[:300]
             return rec
+        finally:
+            with self._inflight_lock:
+                link.inflight -= 1
+                link.backlog_s = max(link.backlog_s - (predicted or 0.0), 0.0) if link.inflight else 0.0
         rec.kind = "worker"
         rec.wall_s = time.perf_counter() - t0
-        self.profile.learn(spec.family, "worker", predicted, rec.wall_s)  # also under remote: deadlines use it
+        link.answered.add((call.op, call.dtype))
         return Done(value, rec, prep)
+
+    def _would_offload_if_resident(self, call: plan.Call) -> bool:
+        """Would some ready worker take the call if it held every input? (pure: no learning)"""
+        states = [link.plan_state(0) for link in self.links]
+        try:
+            return plan.decide(self.config.policy, call, self.planner.profile, states, 0.0,
+                               self.config.min_flops).where == "worker"
+        except Exception:  # a planner bug: no residency for this call, never an exception
+            return False
 
     def _count_crash(self, op_key: tuple, exc: Exception) -> None:
         """The worker went down with this op in flight; at ``crash_limit`` it runs locally from now on."""
@@ -510,9 +664,13 @@ class Runtime:
             raise
         finally:
             self.guard.busy = False
+        numpy_s = time.perf_counter() - t  # NumPy's own time, without the comparison (issue 5's oracle)
         problem = compare(rec.op, done.prep.out if done.prep.out is not None else done.value, want, done.prep.arrays)
         rec.phases["verify"] = time.perf_counter() - t
-        rec.local_measured_s = rec.phases["verify"]
+        rec.local_measured_s = numpy_s
+        planned = getattr(rec, "plan", None)
+        if planned is not None:  # a check is also a measurement of the local side
+            self.planner.measured_local(planned[0], numpy_s)
         if problem is None:
             rec.verify = "ok"
             self.ledger.add(rec)
@@ -542,14 +700,15 @@ class Runtime:
         self.ledger.event(f"{rec.op} {rec.dtypes} pinned local: the worker's answer at {rec.site} differed "
                           f"from NumPy's ({rec.verify})")
 
-    def _remote(self, prep: Prepared, rec: Record, wired: "_Wired | None", deadline_s: float) -> Any:
-        link = self.link
+    def _remote(self, prep: Prepared, rec: Record, link: WorkerLink, wired: "_Wired | None", deadline_s: float,
+                call: plan.Call | None = None, decision: plan.Decision | None = None) -> Any:
         chan = link.channel()
         t0 = time.perf_counter()
         header = call_header(rid := link.next_id(), prep)
         if wired is None:
             frames = wire.encode(header, prep.arrays)
         else:
+            wired.refs = wired.refs_in(link.mirror)
             header["keep"] = True
             frames = wire.encode_wired(header, wired.items, wired.fps, wired.refs)
         t1 = time.perf_counter()
@@ -601,7 +760,10 @@ class Runtime:
         on_link = max(t2 - t1 - sum(worker_s.values()) - worker_fp, 0.0)
         send = min(chan.last_send_s, on_link)
         rec.phases.update(encode=t1 - t0, send=send, transfer=on_link - send, decode=t3 - t2)
-        self.profile.learn_link(rec.bytes_sent + rec.bytes_received, rec.phases["transfer"])
+        if call is not None and decision is not None:
+            # the device model learns the kernel's time; the link model everything else of the round trip
+            self.planner.observed_remote(link.index, call, decision, t3 - t0, worker_s.get("kernel"),
+                                         rec.bytes_sent, rec.bytes_received)
         return value
 
     def _assemble(self, prep: Prepared, arrays: list) -> Any:
@@ -641,34 +803,43 @@ class Runtime:
         rec.phases["local"] = seconds
         rec.wall_s = time.perf_counter() - self.ledger.started - rec.start_s
         rec.raised = None if exc is None else type(exc).__name__
-        if rec.kind == "local" and rec.predicted_local_s:
-            self.profile.learn(rec.family, "local", rec.predicted_local_s, seconds)
+        planned = getattr(rec, "plan", None)
+        if planned is not None and exc is None:
+            self.planner.observed_local(planned[0], planned[1], seconds)
         self.ledger.add(rec)
         if self.config.strict and exc is None and rec.kind in ("unsupported", "fallback"):
             raise FallbackError(f"{rec.op} at {rec.site} ran locally: {rec.kind}: {rec.reason}")
 
     # -- end of run ------------------------------------------------------------------------------
     def shutdown(self) -> None:
-        if self.link is not None:
-            self.link.stop()
+        for link in self.links:
+            link.stop()
 
 
 class _Wired:
-    """A call's inputs laid out for the wire, with fingerprints for those worth keeping and the
-    indices the worker is believed to hold (sent as references)."""
+    """A call's inputs laid out for the wire, with fingerprints for those worth keeping; ``refs``:
+    the indices the chosen worker is believed to hold (sent as references)."""
 
-    def __init__(self, arrays: list, mirror: Mirror):
+    def __init__(self, arrays: list):
         self.items, self.fps, self.refs = [], [], []
         self.sizes = [a.nbytes for a in arrays]
-        self.resident_bytes = 0
-        for i, arr in enumerate(arrays):
+        for arr in arrays:
             meta, buf = wire.to_wire(arr)
             self.items.append((meta, buf))
-            fp = fingerprint(meta, buf) if worth_keeping(arr) else None
-            self.fps.append(fp)
-            if fp is not None and fp in mirror:
-                self.refs.append(i)
-                self.resident_bytes += arr.nbytes
+            self.fps.append(fingerprint(meta, buf) if worth_keeping(arr) else None)
+
+    def refs_in(self, mirror: Mirror) -> list[int]:
+        return [i for i, fp in enumerate(self.fps) if fp is not None and fp in mirror]
+
+    def resident_in(self, mirror: Mirror) -> int:
+        return sum(self.sizes[i] for i in self.refs_in(mirror))
+
+
+def _dtype_code(prep: Prepared) -> str:
+    """The compute dtype as the planner's models key it: "f8", "c16", "i8", ..."""
+    dt = prep.params.get("cdtype") if isinstance(prep.params, dict) else None
+    dt = np.dtype(dt if dt else (prep.arrays[0].dtype if prep.arrays else "f8"))
+    return f"{dt.kind}{dt.itemsize}"
 
 
 def _signature(rec: Record) -> tuple:

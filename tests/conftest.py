@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -16,6 +17,9 @@ _ids = itertools.count()
 ENV_AT_START = {k: v for k, v in os.environ.items() if k.startswith("FUSION_SHIM")}
 for _k in ENV_AT_START:
     del os.environ[_k]
+# ...nor read or write the user's calibration cache (issue 5): one fresh directory per session,
+# inherited by the programs the tests launch
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="fusion-shim-test-cache-")
 
 
 @pytest.fixture(scope="session")

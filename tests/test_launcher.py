@@ -251,12 +251,13 @@ KIDS = """\
     def probe():
         import fusion_shim, wrapt
         rt = fusion_shim.active()
-        before = (fusion_shim.report() or {"ops": {}})["ops"].get("numpy.matmul", {})
-        big = np.ones((100, 100))            # 80 kB each: above the size floor, recorded
+        before = (fusion_shim.report() or {"ops": {}})["ops"].get("numpy.linalg.svd", {})
+        # svd has the lowest floor the planner derives (26 n^3 flops on n^2 inputs, issue 5)
+        big = np.eye(200) + 1.0              # 320 kB: above svd's floor on any plausible worker, recorded
         small = np.ones((3, 3))              # below it: counted only
-        np.matmul(big, big)
-        np.matmul(small, small)
-        after = (fusion_shim.report() or {"ops": {}})["ops"].get("numpy.matmul", {})
+        np.linalg.svd(big)
+        np.linalg.svd(small)
+        after = (fusion_shim.report() or {"ops": {}})["ops"].get("numpy.linalg.svd", {})
         delta = lambda k: after.get(k, 0) - before.get(k, 0)
         return {"pid": os.getpid(), "active": rt is not None,
                 "policy": None if rt is None else rt.config.policy,
@@ -324,7 +325,7 @@ def test_children_inherit_launcher_settings(tmp_path):
 def test_report_json_and_render(tmp_path):
     prog = write(tmp_path / "mm.py", """\
         import numpy as np
-        a = np.ones((120, 120))
+        a = np.ones((600, 600))  # 5.8 MB in: above the size floor the planner derives (issue 5)
         print(float(np.matmul(a, a).sum()))
         np.dot(np.ones(3), np.ones(3))
     """)
@@ -332,7 +333,7 @@ def test_report_json_and_render(tmp_path):
     r = run(["-m", "fusion_shim", "--policy", "auto", "--worker", "ipc:///nonexistent-fusion-shim.sock",
              "--ready-timeout", "1", "--report", str(out), str(prog), "x"], tmp_path)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == str(120.0 ** 3)
+    assert r.stdout.strip() == str(600.0 ** 3)
     assert "fusion_shim report" in r.stderr  # not --quiet: the table is printed at exit
     rep = json.loads(out.read_text())
     assert rep["schema"] == "fusion_shim.report/1"

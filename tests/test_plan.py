@@ -1,59 +1,285 @@
-"""The decision function on synthetic profiles: pure, no I/O."""
-from fusion_shim import plan
-from fusion_shim.plan import Profile, decide
+"""The decision function and the models on synthetic profiles: pure, no I/O (issue 5)."""
+import math
+
+import pytest
+
+from fusion_shim.plan import NEVER, Call, Planner, Profile, WorkerState, decide, floors
+from fusion_shim.plan.model import BUCKET, LinkModel, RateModel
+
+READY = [WorkerState("ready")]
 
 
-def _profile(local=100.0, worker=1000.0, rtt=100e-6, bw=2e9):
-    p = Profile()
-    p.local_gflops = {f: local for f in plan.FAMILIES}
-    p.worker_gflops = {f: worker for f in plan.FAMILIES}
-    p.rtt_s, p.bandwidth = rtt, bw
-    return p
+def matmul(n, dtype="f8", size=8):
+    return Call("numpy.matmul", "products", dtype, 2.0 * n**3, 2 * size * n * n, size * n * n)
 
+
+def profile(local=100.0, worker=1000.0, rtt=100e-6, bw=2e9, workers=1):
+    return Profile.synthetic(local, worker, rtt=rtt, bandwidth=bw, workers=workers)
+
+
+# -- policies ----------------------------------------------------------------------------------------
 
 def test_local_policy_never_offloads():
-    d = decide("local", "products", 1e12, 1, 1, "ready", _profile(), 0)
+    d = decide("local", matmul(8192), profile(), READY)
     assert d.where == "local" and d.reason == "policy local"
 
 
 def test_remote_policy_offloads_when_ready_and_says_why_not_otherwise():
-    assert decide("remote", "products", 1.0, 1, 1, "ready", _profile(), 1e9).where == "worker"
-    d = decide("remote", "products", 1e12, 1, 1, "down", _profile(), 0)
+    d = decide("remote", matmul(4), profile(), READY)
+    assert d.where == "worker" and d.worker == 0 and d.local_s and d.remote_s  # priced for the report
+    d = decide("remote", matmul(4096), profile(), [WorkerState("down")])
     assert d.where == "local" and "down" in d.reason
 
 
-def test_auto_never_waits_for_a_cold_worker():
-    d = decide("auto", "products", 1e12, 1, 1, "starting", _profile(), 0)
-    assert d.where == "local" and "starting" in d.reason
+@pytest.mark.parametrize("state", ["cold", "warming", "starting", "down"])
+def test_auto_never_waits_for_a_worker_that_is_not_ready(state):
+    # a 100 GFLOP/s here, 1000 there, 16k matmul: the worker would win by far, were it ready
+    d = decide("auto", matmul(16384), profile(), [WorkerState(state)])
+    assert d.where == "local" and state in d.reason
 
 
-def test_auto_below_the_floor_stays_local():
-    d = decide("auto", "products", 1e5, 1, 1, "ready", _profile(), 1e6)
+def test_auto_below_the_configured_flop_floor_stays_local():
+    d = decide("auto", matmul(4096), profile(), READY, min_flops=1e12)
     assert d.where == "local" and "floor" in d.reason
 
 
 def test_auto_offloads_heavy_compute_with_small_transfers():
     n = 4096  # 137 GFLOP, 384 MiB moved: 1.4 s here vs 0.14 s + 0.2 s there
-    d = decide("auto", "products", 2 * n**3, 2 * 8 * n * n, 8 * n * n, "ready", _profile(), 0)
-    assert d.where == "worker"
+    d = decide("auto", matmul(n), profile(), READY)
+    assert d.where == "worker" and d.worker == 0 and not d.explore
     assert d.remote_s < d.local_s
+    assert d.remote_s == pytest.approx(100e-6 + 3 * 8 * n * n / 2e9 + 2 * n**3 / 1e12, rel=1e-6)
 
 
 def test_auto_keeps_transfer_bound_work_local():
-    # element-wise-like intensity: moving the bytes costs more than computing here
-    d = decide("auto", "fft", 5e8, 8 << 27, 8 << 27, "ready", _profile(local=50, worker=5000, bw=1e9), 0)
+    # an FFT's intensity: moving the bytes costs more than computing here
+    fft = Call("numpy.fft.fft", "fft", "c16", 5 * (1 << 24) * 24, 16 << 24, 16 << 24)
+    d = decide("auto", fft, profile(local=50, worker=5000, bw=1e9), READY)
     assert d.where == "local" and d.remote_s > d.local_s
 
 
 def test_same_speed_worker_is_never_chosen():
-    # the CPU worker on this machine: same rate, plus transfers -> always local
-    for flops in (1e6, 1e9, 1e12):
-        assert decide("auto", "linalg", flops, 1 << 20, 1 << 20, "ready", _profile(100, 100), 0).where == "local"
+    # the CPU worker on this machine: the same rate, plus transfers -> always local
+    for n in (64, 512, 4096, 16384):
+        assert decide("auto", matmul(n), profile(100, 100), READY).where == "local"
 
+
+# -- what a decision prices ---------------------------------------------------------------------------
+
+def test_busy_worker_is_priced_with_its_queue():
+    call = matmul(4096)
+    idle = decide("auto", call, profile(), [WorkerState("ready")])
+    assert idle.where == "worker"
+    busy = decide("auto", call, profile(), [WorkerState("busy", queued=3, backlog_s=5.0)])
+    assert busy.where == "local" and busy.remote_s > 5.0
+    # two workers: the idle one is chosen over the busy one
+    two = decide("auto", call, profile(workers=2), [WorkerState("busy", 3, 5.0, name="a"),
+                                                      WorkerState("ready", name="b")])
+    assert two.where == "worker" and two.worker == 1 and "on b" in two.reason
+
+
+def test_missing_residency_is_priced_and_resident_inputs_are_not():
+    # a matrix-vector-like product: 8 GFLOP on 1 GB of inputs; 80 ms here, 0.5 s to ship the inputs
+    call = Call("numpy.matmul", "products", "f8", 8e9, 1 << 30, 1 << 20)
+    p = profile(local=100, worker=1000, bw=2e9)
+    assert decide("auto", call, p, [WorkerState("ready", bytes_in=None)]).where == "local"
+    assert decide("auto", call, p, [WorkerState("ready", bytes_in=call.bytes_in)]).where == "local"
+    held = decide("auto", call, p, [WorkerState("ready", bytes_in=0)])
+    assert held.where == "worker" and held.remote_s < 0.02
+    # several workers: the one that holds the inputs
+    p2 = profile(local=100, worker=1000, bw=2e9, workers=3)
+    d = decide("auto", call, p2, [WorkerState("ready", name="a"), WorkerState("ready", bytes_in=0, name="b"),
+                                  WorkerState("warming", bytes_in=0, name="c")])
+    assert d.where == "worker" and d.worker == 1
+
+
+def test_margin_shrinks_as_evidence_grows():
+    # predicted 1.3x faster on the worker: with a prior-only worker model that is not enough
+    p = Profile(1)
+    p.local.set_curve("products", "f8", [(1e9, 0.01)])       # 100 GFLOP/s here, calibrated
+    p.workers[0].link.set_measured(1e-4, 1e10, 1e10)
+    p.workers[0].device.prior = {"products": 130.0}            # no benchmark: sigma is the prior's
+    call = matmul(2048)
+    first = decide("auto", call, p, READY)
+    assert first.where == "local" and first.remote_s < first.local_s
+    for _ in range(30):  # both sides measured again and again at this size, as predicted
+        p.local.observe(call.op, call.family, call.dtype, call.flops, call.flops / 100e9)
+        p.workers[0].device.observe(call.op, call.family, call.dtype, call.flops, call.flops / 130e9)
+    later = decide("auto", call, p, READY)
+    assert later.where == "worker"
+    assert later.local_sigma < first.local_sigma and later.remote_sigma < first.remote_sigma
+
+
+# -- exploration --------------------------------------------------------------------------------------
+
+def _uncertain_worker():
+    """Prior-only worker model (sigma 1): predicted 2x slower than local, could plausibly win."""
+    p = Profile(1)
+    p.local.set_curve("products", "f8", [(1e9, 0.01)])
+    p.workers[0].device.prior = {"products": 60.0}
+    p.workers[0].link.set_measured(1e-4, 1e10, 1e10)
+    return p
+
+
+def test_exploration_needs_budget():
+    p, call = _uncertain_worker(), matmul(1024)
+    assert decide("auto", call, p, READY, explore_left_s=0.0).where == "local"
+    d = decide("auto", call, p, READY, explore_left_s=1.0)
+    assert d.where == "worker" and d.explore and "exploring" in d.reason
+
+
+def test_no_exploration_where_the_worker_cannot_plausibly_win():
+    p = profile(local=100, worker=100, bw=1e8)  # a measured, slow link: hopeless even optimistically
+    d = decide("auto", matmul(2048), p, READY, explore_left_s=100.0)
+    assert d.where == "local" and not d.explore
+
+
+def test_exploration_stops_once_the_place_has_samples():
+    p, call = _uncertain_worker(), matmul(1024)
+    for _ in range(3):
+        p.workers[0].device.observe(call.op, call.family, call.dtype, call.flops, call.flops / 30e9)
+    d = decide("auto", call, p, READY, explore_left_s=1.0)
+    assert d.where == "local" and not d.explore
+
+
+def test_planner_learns_a_wrong_prior_within_the_budget():
+    """The worker is really 20x faster than its prior says. Exploration finds out; the planner then
+    offloads; what exploring cost stays within 2% of the intercepted time."""
+    truth_local, truth_worker = 50e9, 1000e9
+    planner = Planner("auto", 1)
+    p = planner.profile
+    p.local.set_curve("products", "f8", [(1e9, 1e9 / truth_local)])
+    p.workers[0].device.prior = {"products": 50.0}  # the wrong prior: the same speed as here
+    p.workers[0].link.set_measured(1e-4, 5e9, 5e9)
+    call = matmul(1024)  # 2.1 GFLOP: 43 ms here, 2 ms + 5 ms transfers there
+    places = []
+    for _ in range(600):  # a 2-sigma-pessimistic exploration of a prior-only model waits for its budget
+        d = planner.decide(call, READY)
+        places.append(d.where)
+        if d.where == "local":
+            planner.observed_local(call, d, call.flops / truth_local)
+        else:
+            compute = call.flops / truth_worker
+            link = p.workers[0].link.predict(call.bytes_in, call.bytes_out)
+            planner.observed_remote(0, call, d, compute + link, compute, call.bytes_in, call.bytes_out)
+    assert planner.explored >= 1
+    assert places[-50:] == ["worker"] * 50
+    assert planner.explore_spent_s <= 0.02 * planner.intercepted_s
+    # and the other way: a worker believed fast that is slow is abandoned after few calls
+    planner = Planner("auto", 1)
+    p = planner.profile
+    p.local.set_curve("products", "f8", [(1e9, 1e9 / truth_local)])
+    p.workers[0].device.set_curve("products", "f8", [(1e9, 1e9 / 1000e9)])  # believed 20x faster
+    p.workers[0].link.set_measured(1e-4, 5e9, 5e9)
+    places = []
+    for _ in range(100):
+        d = planner.decide(call, READY)
+        places.append(d.where)
+        if d.where == "local":
+            planner.observed_local(call, d, call.flops / truth_local)
+        else:  # really 5 GFLOP/s
+            planner.observed_remote(0, call, d, call.flops / 5e9 + 0.01, call.flops / 5e9, call.bytes_in, call.bytes_out)
+    assert places.count("worker") <= 3 and places[-90:] == ["local"] * 90
+
+
+# -- models -------------------------------------------------------------------------------------------
 
 def test_online_correction_moves_predictions_toward_measurements():
-    p = _profile()
-    before = p.predict_local("products", 1e9)
+    p = profile()
+    call = matmul(1024)
+    before = p.local.predict(call.op, call.family, call.dtype, call.flops)[0]
     for _ in range(20):
-        p.learn("products", "local", p.predict_local("products", 1e9), 4 * before)
-    assert 3.5 * before < p.predict_local("products", 1e9) < 4.5 * before
+        p.local.observe(call.op, call.family, call.dtype, call.flops, 1.6 * before)
+    after, sigma, n = p.local.predict(call.op, call.family, call.dtype, call.flops)
+    assert after == pytest.approx(1.6 * before, rel=0.02) and n == 20 and sigma < 0.1
+    # a neighbouring size borrows the offset, with more uncertainty
+    near, near_sigma, near_n = p.local.predict(call.op, call.family, call.dtype, call.flops * 8)
+    assert near == pytest.approx(1.6 * 8 * before, rel=0.02) and near_n == 0 and near_sigma > sigma
+
+
+def test_a_model_that_keeps_mispredicting_is_reset_and_reported():
+    m = RateModel("local")
+    m.set_curve("products", "f8", [(1e9, 0.01)])
+    for _ in range(3):
+        assert m.observe("numpy.matmul", "products", "f8", 1e9, 0.01) is None
+    messages = [m.observe("numpy.matmul", "products", "f8", 1e9, 0.1) for _ in range(3)]
+    assert messages[:2] == [None, None]  # errors are counted, not folded in
+    assert messages[2] and "reset" in messages[2] and "numpy.matmul" in messages[2]
+    assert m.resets == 1
+    # relearnt from the next measurement
+    assert m.observe("numpy.matmul", "products", "f8", 1e9, 0.1) is None
+    assert m.predict("numpy.matmul", "products", "f8", 1e9)[0] == pytest.approx(0.1)
+
+
+def test_planner_reports_resets():
+    events = []
+    planner = Planner("auto", 1, on_event=events.append)
+    call = matmul(512)
+    for seconds in (0.01, 0.01, 0.1, 0.1, 0.1, 0.1):
+        planner.observed_local(call, None, seconds)
+    assert any("reset" in e for e in events)
+
+
+def test_link_model_learns_bandwidth_and_round_trip():
+    link = LinkModel()
+    link.set_measured(1e-4, 1e9, 1e9)
+    for _ in range(40):  # the real link moves 250 MB/s each way
+        link.observe(50e6, 50e6, 1e-4 + 100e6 / 250e6)
+    assert link.up_bps == pytest.approx(250e6, rel=0.05)
+    messages = [link.observe(100, 100, 1e-3) for _ in range(40)]  # small messages: the round trip is 1 ms
+    assert link.rtt == pytest.approx(1e-3, rel=0.05)
+    assert link.up_bps == pytest.approx(250e6, rel=0.05)  # the bulk regime is untouched
+    assert not any(messages)  # learnt, not reset: it had no samples in that regime yet
+    # now the round trip jumps 10x for good: a run of errors resets that regime, then it relearns
+    messages = [link.observe(100, 100, 1e-2) for _ in range(80)]
+    assert sum(1 for m in messages if m and "round trip" in m) == 1
+    assert link.rtt == pytest.approx(1e-2, rel=0.05)
+
+
+def test_curves_interpolate_and_buckets_are_4x():
+    m = RateModel("local")
+    m.set_curve("products", "f8", [(1e6, 1e-4), (1e9, 1e-2)])  # 10 GFLOP/s small, 100 large
+    assert m.predict("numpy.matmul", "products", "f8", 1e6)[0] == pytest.approx(1e-4)
+    assert m.predict("numpy.matmul", "products", "f8", 1e12)[0] == pytest.approx(10.0)  # held at the end
+    mid = m.predict("numpy.matmul", "products", "f8", math.sqrt(1e15))[0]
+    assert 1e-4 * 10 ** 1.5 / 10 < mid < 1e-4 * 10 ** 1.5
+    assert BUCKET == pytest.approx(math.log(4))
+    # another op of the family reads the curve with more uncertainty; another dtype scales by speed
+    assert m.predict("numpy.linalg.svd", "products", "f8", 1e9)[1] > m.predict("numpy.matmul", "products", "f8", 1e9)[1]
+    assert m.predict("numpy.matmul", "products", "f4", 1e9)[0] == pytest.approx(0.5e-2)
+
+
+# -- floors -------------------------------------------------------------------------------------------
+
+def test_floors_follow_the_models():
+    fast = floors(profile(local=100, worker=10_000, rtt=50e-6, bw=20e9), [0])
+    slow = floors(profile(local=100, worker=10_000, rtt=5e-3, bw=1e8), [0])
+    for op in ("numpy.matmul", "numpy.linalg.solve", "numpy.linalg.svd"):
+        assert 0 < fast[op] < slow[op], op
+    # on a same-speed worker over a slow link nothing can win: those ops never leave the fast path
+    hopeless = floors(profile(local=100, worker=100, rtt=10e-3, bw=12.5e6), [0])
+    assert hopeless["numpy.fft.fft"] == NEVER
+    # denser ops have lower floors: svd does 13x a matmul's work on half its input
+    assert fast["numpy.linalg.svd"] < fast["numpy.matmul"]
+
+
+def test_planner_publishes_floors_per_op():
+    planner = Planner("auto", 1, profile=profile(local=100, worker=10_000, rtt=50e-6, bw=20e9))
+    cell = planner.floor_cells["numpy.matmul"]
+    assert cell[0] > 0  # the prior floor until the models say more
+    planner.worker_ready(0, None, 50e-6, 20e9, 20e9)
+    assert cell[0] == floors(planner.profile, [0])["numpy.matmul"]
+    assert planner.floor_bytes == min(c[0] for c in planner.floor_cells.values())
+    assert Planner("remote", 1).floor_cells["numpy.matmul"][0] == 0  # remote: every call is a candidate
+
+
+def test_worker_ready_reads_both_benchmark_forms():
+    planner = Planner("auto", 1)
+    planner.worker_ready(0, {"products": 500.0, "linalg": 50.0, "fft": 20.0}, 1e-4, 1e9, 1e9)
+    dev = planner.profile.workers[0].device
+    assert dev.predict("numpy.matmul", "products", "f8", 1e9)[0] == pytest.approx(1e9 / 500e9)
+    planner = Planner("auto", 1)
+    planner.worker_ready(0, {"products": 1.0, "points": {"products/f4": [[1e9, 1e-3], [1e10, 5e-3]]}}, 1e-4, 1e9, 1e9)
+    dev = planner.profile.workers[0].device
+    assert dev.predict("numpy.matmul", "products", "f4", 1e10)[0] == pytest.approx(5e-3)
+    assert planner.profile.workers[0].benchmarked

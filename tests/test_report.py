@@ -167,7 +167,8 @@ def test_checks_are_sampled_and_kept_apart(shim):
     checked = [r for r in recs if r.verify]
     assert len(recs) == 16 and len(checked) == 4 and all(r.verify == "ok" for r in checked)
     for r in checked:
-        assert r.phases["verify"] > 0 and r.local_measured_s == r.phases["verify"]
+        # NumPy's own time (issue 5's oracle reads it); the check's phase adds the comparison
+        assert r.phases["verify"] > 0 and 0 < r.local_measured_s <= r.phases["verify"]
     rep = fusion_shim.report()
     sm = rep["summary"]
     assert sm["time_checking_s"] == pytest.approx(sum(r.phases["verify"] for r in checked))

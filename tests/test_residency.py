@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import fusion_shim
-from fusion_shim import plan, wire
+from fusion_shim import wire
 from fusion_shim.intercept import bypassed
 from fusion_shim.residency import RESIDENT_MIN, fingerprint
 
@@ -178,15 +178,33 @@ def test_residency_off_sends_everything(store_worker):
         fusion_shim.uninstall()
 
 
+def _synthetic(rt, local_gflops: float, worker_gflops: float, bandwidth: float) -> None:
+    """A fixed synthetic profile for the planner (issue 5): flat rates, a measured link, and nothing
+    that would change it during the test (learning, calibration probes, the cache, the link probe)."""
+    prof = rt.planner.profile
+    for model, rate in ((prof.local, local_gflops), *((w.device, worker_gflops) for w in prof.workers)):
+        model.buckets.clear()
+        model.curves.clear()
+        model.set_curve("products", "f8", [(1e9, 1e9 / (rate * 1e9))])
+    for w in prof.workers:
+        w.link.set_measured(100e-6, bandwidth, bandwidth)
+    rt.planner.cache = None
+    rt.planner.background = None
+    for name in ("observed_local", "observed_remote", "measured_local"):
+        setattr(rt.planner, name, lambda *a, **k: None)
+    for link in rt.links:
+        link.bandwidth = (bandwidth, bandwidth)  # measured: no probe of its own
+    rt.planner.refresh_floors()
+
+
 def test_no_hashing_for_calls_that_stay_local(shim):
     shim.config = shim.config.replace(policy="auto")
-    shim.floor_bytes = plan.FLOOR_BYTES
-    shim.profile.worker_gflops = dict(shim.profile.local_gflops)  # as fast as here: never worth moving
-    shim.profile.learn = lambda *a, **k: None
+    shim.planner.policy = "auto"
+    _synthetic(shim, 50.0, 50.0, 2e9)  # the worker as fast as here: never worth moving
     small = RNG.standard_normal((8, 8))
     big = RNG.standard_normal((600, 600))
     np.matmul(small, small)          # below the floor: not even recorded
-    np.matmul(big, big)              # the CPU worker is no faster: local, and priced without hashing
+    np.matmul(big, big)              # the worker is no faster: local, and priced without hashing
     assert big.nbytes >= RESIDENT_MIN
     recs = shim.ledger.records
     assert recs and all(r.kind == "local" for r in recs)
@@ -199,20 +217,18 @@ def test_planner_prices_resident_inputs_as_free(store_worker):
     rt = fusion_shim.install(policy="auto", worker=url, quiet=True)
     try:
         assert rt.link.wait_ready(60)
-        rt.profile.worker_gflops = {f: 1e4 for f in plan.FAMILIES}   # a worker 200x faster than here
-        rt.profile.local_gflops = {f: 50.0 for f in plan.FAMILIES}
-        rt.profile.bandwidth = 1e9                                    # 1 GB/s
-        rt.profile.learn = lambda *a, **k: None                      # keep the synthetic profile fixed
-        rt.profile.learn_link = lambda *a, **k: None
+        # SYNTHETIC profile: a worker 300x faster than here behind a 1 GB/s link; the planner's margin
+        # (about 1.8x for one-point curves and a fresh link) must be beaten
+        _synthetic(rt, 30.0, 1e4, 1e9)
         a = RNG.standard_normal((700, 700))                           # 3.9 MB: 3.9 ms to move
-        b = RNG.standard_normal((700, 300))                           # 0.29 GFLOP: 5.9 ms here; b and
+        b = RNG.standard_normal((700, 300))                           # 0.29 GFLOP: 9.8 ms here; b and
         #                                                               the result: 3.4 ms to move
         np.matmul(a, b)
         first = rt.ledger.records[-1]
         assert first.kind == "local" and "here" in first.reason
-        rt.config = rt.config.replace(policy="remote")
+        rt.config, rt.planner.policy = rt.config.replace(policy="remote"), "remote"
         np.matmul(a, np.ones((700, 2)))                               # puts a on the worker
-        rt.config = rt.config.replace(policy="auto")
+        rt.config, rt.planner.policy = rt.config.replace(policy="auto"), "auto"
         _close(np.matmul(a, b), ref(lambda: a @ b))
         again = rt.ledger.records[-1]
         assert again.kind == "worker" and again.resident_hits == 1, again.reason

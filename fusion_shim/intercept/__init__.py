@@ -5,7 +5,7 @@ wrapped by a post-import hook on that module, after NumPy's. It works whether Nu
 puts back exactly the objects it replaced, in reverse order. A row whose catalog entry does not
 match the installed NumPy's signature is left unwrapped, with a warning and a ledger event.
 
-The per-call fast path (policy local, or inputs below the planner's byte floor) is one attribute
+The per-call fast path (policy local, or inputs below the planner's byte floor for the op) is one attribute
 read, one sum over the positional and keyword arrays and one comparison before NumPy's own function
 is called; nothing is recorded for it but a count. With the C extension (issue 3, ``native.py``)
 that check runs in C inside a ``wrapt.ObjectProxy``; without it, in a ``wrapt.FunctionWrapper``.
@@ -216,12 +216,40 @@ def _patch_rows(trigger: str, rt: "Runtime") -> None:
                                    lambda: [setattr(f, "below", 0) for _, f in fast_cells]))
 
 
+def _input_bytes(args: tuple, kwargs: dict, ndarray: type) -> int:
+    """Bytes of the exact ndarrays among a call's arguments, one level into lists and tuples."""
+    nbytes = 0
+    for x in args:
+        if type(x) is ndarray:
+            nbytes += x.nbytes
+        elif type(x) is list or type(x) is tuple:  # multi_dot's arrays, lu_solve's (lu, piv)
+            for y in x:
+                if type(y) is ndarray:
+                    nbytes += y.nbytes
+    for x in kwargs.values():
+        if type(x) is ndarray:
+            nbytes += x.nbytes
+    return nbytes
+
+
 def _make_slow(spec: "OpSpec", sig: Any, rt: "Runtime", original: Callable) -> Callable:
-    """The shim's path for a call above the floor: decide, run on the worker or here, record."""
+    """The shim's path for a call above the floor: decide, run on the worker or here, record.
+
+    The C fast path compares with the smallest floor of all ops; this op's own (issue 5: derived per
+    op from the planner's models) is checked here, at the cost of one sum over the arguments."""
+    from numpy import ndarray
+
     from ..runtime import Record
+
+    floor_cell = rt.floor_cell(spec.name)
+    below_floor = rt.ledger.fast_path[spec.name]
 
     def _slow(*args: Any, **kwargs: Any) -> Any:
         if rt.local_only:
+            return original(*args, **kwargs)
+        floor = floor_cell[0]
+        if floor > rt.floor_bytes and _input_bytes(args, kwargs, ndarray) < floor:
+            below_floor[0] += 1
             return original(*args, **kwargs)
         got = rt.call(spec, sig, args, kwargs)
         if got is None:
@@ -246,11 +274,12 @@ def _make_wrapper(spec: "OpSpec", rt: "Runtime", slow: Callable) -> Callable:
     from numpy import ndarray
 
     below_floor = rt.ledger.fast_path[spec.name]  # a list cell: counting costs one add
+    floor_cell = rt.floor_cell(spec.name)  # this op's floor, kept current by the planner (issue 5)
 
     def _intercepted(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
         if rt.local_only:
             return wrapped(*args, **kwargs)
-        floor = rt.floor_bytes
+        floor = floor_cell[0]
         if floor:
             nbytes = 0
             for x in args:

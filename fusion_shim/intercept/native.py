@@ -14,8 +14,9 @@ Two uses, both optional and both off with ``FUSION_SHIM_NATIVE=0``:
 
 The floor is one number in C, published by :func:`publish_floor`: ``-1`` passes everything through
 (policy local, or no shim installed), ``0`` sends every exact-ndarray call to the Python path
-(policy remote), else the planner's byte floor. Whoever changes ``Runtime.floor_bytes`` after
-install must publish it again (the wrapt path reads the attribute; the C paths read only this).
+(policy remote), else the smallest of the planner's per-op floors (issue 5), which the runtime
+publishes again whenever the planner refreshes them; each op's own floor is checked in Python
+after the C check.
 
 Re-entrancy: C raises a per-thread depth while the shim's Python path runs on that thread, so that
 the shim's own NumPy work and NumPy's internals never come back into a trampoline or fast path;
@@ -140,10 +141,16 @@ def operator_callback(rt: "Runtime") -> Callable[[Any, Any, Any, int], Any]:
     from ..runtime import Record
 
     table = tuple(zip(OPERATORS, OPERATOR_SIGNATURES))
+    cells = tuple(rt.floor_cell(spec.name) for spec in OPERATORS)  # each operator's own floor (issue 5)
+    below = tuple(rt.ledger.fast_path[spec.name] for spec in OPERATORS)
     original, local = _native.original, _native.LOCAL
 
     def _operator(a: Any, b: Any, out: Any, kind: int) -> Any:
         if rt.local_only:
+            return local
+        floor = cells[kind][0]
+        if floor > rt.floor_bytes and a.nbytes + b.nbytes < floor:  # C checked the smallest floor of all
+            below[kind][0] += 1
             return local
         spec, sig = table[kind]
         got = rt.call(spec, sig, (a, b), {} if out is None else {"out": out})

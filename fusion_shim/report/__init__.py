@@ -22,6 +22,11 @@ JSON schema ``fusion_shim.report/1`` (a map):
 - ``sites``: per call site (``file:line``): ``op``, ``calls``, ``wall_s``, ``worker``, ``verify_s``;
 - ``summary``: what the table shows, computed (see :func:`summarize`);
 - ``events``: worker lifecycle and pins, ``{"t_s", "what"}``;
+- ``planner`` (policies auto and remote, issue 5): ``explored_calls``, ``explore_spent_s`` (what they
+  cost over the prediction for the place not taken), ``intercepted_s``, ``explore_fraction`` (the
+  budget), ``model_resets``, ``floors_bytes`` (per op: input bytes below which it stays on the fast
+  path), ``calibration`` (per family/dtype: "cache" or "measured"), ``workers`` (url, state, measured
+  link: ``rtt_s``, ``up_bytes_per_s``, ``down_bytes_per_s``);
 - ``records``: one map per call (``ledger.Record``): at most ``ledger.MAX_PER_SITE`` per site and
   ``ledger.MAX_RECORDS`` in all; ``records_dropped`` counts the rest (they are in the aggregates).
 """
@@ -58,8 +63,25 @@ def build(rt: Any, ledger: Any = None) -> dict[str, Any]:
         },
         **snap,
     }
+    planner = getattr(rt, "planner", None)
+    if planner is not None and rt.config.policy != "local":
+        report["planner"] = planner_section(rt)
     report["summary"] = summarize(report)
     return report
+
+
+def planner_section(rt: Any) -> dict[str, Any]:
+    """What the decision engine did (issue 5): exploration and its cost, model resets, the floors,
+    every worker with its measured link."""
+    p = rt.planner
+    return {
+        "explored_calls": p.explored, "explore_spent_s": p.explore_spent_s, "intercepted_s": p.intercepted_s,
+        "explore_fraction": p.explore_fraction,
+        "model_resets": p.profile.local.resets + sum(w.device.resets + w.link.resets for w in p.profile.workers),
+        "floors_bytes": {op: cell[0] for op, cell in sorted(p.floor_cells.items())},
+        "calibration": {f"{f}/{d}": src for (f, d), src in p.curves_from.items()},
+        "workers": [{"url": link.url, "state": link.state, "link": link.info.get("link")} for link in rt.links],
+    }
 
 
 def summarize(report: dict[str, Any]) -> dict[str, Any]:
@@ -194,6 +216,11 @@ def format_table(report: dict[str, Any]) -> str:
         parts.append(f"{vs['calls_unpriced']} calls without a local price")
     if parts:
         lines.append("  against all-local: " + "; ".join(parts))
+    pl = report.get("planner")
+    if pl and (pl["explored_calls"] or pl["model_resets"]):
+        share = pl["explore_spent_s"] / pl["intercepted_s"] if pl["intercepted_s"] else 0.0
+        lines.append(f"  planner: {pl['explored_calls']} calls explored the place predicted slower, costing "
+                     f"{_ms(pl['explore_spent_s'])} ({share:.1%} of intercepted time); {pl['model_resets']} model resets")
     if sm["prediction_error"]:
         lines.append("  prediction error, median |log(predicted/actual)|: " + ", ".join(
             f"{k} {v['median_abs_log_ratio']:.2f} (n={v['calls']})" for k, v in sm["prediction_error"].items()))

@@ -15,6 +15,7 @@ the call with the library itself, and the ledger says why (issue 4).
 """
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from typing import Any, Callable
@@ -750,33 +751,55 @@ class TorchBackend:
     def to_host(results: list) -> list[np.ndarray]:
         return [r.cpu().numpy() for r in results]
 
-    def warm(self) -> dict[str, float]:
-        """A first kernel per dtype, then the planner's three probes (fusion_shim.plan.calibrate_local)
-        timed on this device; the rates, in GFLOP/s per family, go into the ``ready`` reply."""
+    def warm(self) -> dict[str, Any]:
+        """A first kernel per dtype, then the planner's probes timed on this device (issue 5): per
+        family and dtype, (flops, seconds) at two or three sizes under ``points`` ("products/f8": [[flops,
+        s], ...]), and, for older clients, one float64 rate in GFLOP/s per family. The probe ops match
+        the client's calibration (fusion_shim.plan.calibrate): matmul, solve, fft (rfft for real)."""
         dev = self.device
         for dt in (torch.float32, torch.float64, torch.complex64, torch.complex128):
             m = torch.ones(8, 8, dtype=dt, device=dev)
             torch.matmul(m, m)
             torch.fft.fft(m)
-        a = torch.randn(384, 384, dtype=torch.float64, device=dev)
-        x = torch.randn(1 << 16, dtype=torch.complex128, device=dev)
-        probes = {
-            "products": (lambda: torch.matmul(a, a), 2 * 384**3),
-            "linalg": (lambda: torch.linalg.solve(a, a), 2 / 3 * 384**3 + 2 * 384**3),
-            "fft": (lambda: torch.fft.fft(x), 5 * (1 << 16) * 16),
-        }
-        rates = {}
-        for family, (fn, flops) in probes.items():
+        big = dev.type == "cuda"  # a GPU reaches its rate only on larger problems
+        # up to ~20 ms a probe on a 2-core CPU: rates read far beyond the sizes measured are uncertain
+        sizes = {"products": (128, 512, 4096 if big else 1024), "linalg": (128, 384, 2048 if big else 768),
+                 "fft": (1 << 12, 1 << 16, 1 << 22 if big else 1 << 20)}
+        points: dict[str, list] = {}
+        rates: dict[str, float] = {}
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        for name, dt in (("f8", torch.float64), ("f4", torch.float32), ("c16", torch.complex128),
+                         ("c8", torch.complex64)):
+            cf = 4 if dt.is_complex else 1
+            for family, ns in sizes.items():
+                pts = []
+                for n in (ns[:-1] if cf == 4 and family != "fft" and not big else ns):
+                    if family == "fft":
+                        x = torch.randn(n, generator=gen, dtype=dt).to(dev)
+                        fn = (lambda x=x: torch.fft.fft(x)) if dt.is_complex else (lambda x=x: torch.fft.rfft(x))
+                        flops = 5.0 * n * math.log2(n) / (1 if dt.is_complex else 2)
+                    elif family == "products":
+                        a = torch.randn(n, n, generator=gen, dtype=dt).to(dev)
+                        fn, flops = (lambda a=a: torch.matmul(a, a)), 2.0 * n**3 * cf
+                    else:
+                        a = (torch.randn(n, n, generator=gen, dtype=dt) + n * torch.eye(n, dtype=dt)).to(dev)
+                        fn, flops = (lambda a=a: torch.linalg.solve(a, a)), (2 / 3 * n**3 + 2.0 * n**3) * cf
+                    pts.append([flops, self._best(fn)])
+                points[f"{family}/{name}"] = pts
+                if name == "f8":
+                    rates[family] = max(f / s for f, s in pts) / 1e9
+        return {**rates, "points": points}
+
+    def _best(self, fn: Callable[[], Any], repeat: int = 3) -> float:
+        fn()
+        self.sync()
+        best = float("inf")
+        for _ in range(repeat):
+            t = time.perf_counter()
             fn()
             self.sync()
-            best = float("inf")
-            for _ in range(3):
-                t = time.perf_counter()
-                fn()
-                self.sync()
-                best = min(best, time.perf_counter() - t)
-            rates[family] = flops / best / 1e9
-        return rates
+            best = min(best, time.perf_counter() - t)
+        return best
 
 
 def _aligned(a: np.ndarray) -> np.ndarray:

@@ -1,0 +1,87 @@
+"""Measure a worker's link (issue 5): round trip from a few pings at connect, bandwidth each way from
+one bulk transfer each way.
+
+The pings run on a link's handshake thread after the worker said ``ready``. The bulk transfers move
+a few MiB through the program's process, which cost a short program 20-40 ms of its own time on the
+2-core development machine, so the runtime runs them on a thread of their own when the first call
+for which that worker is in the running arrives (predicted within 2x of local with the prior
+bandwidth); the program never waits for either. The transfers are ordinary ``call`` messages that any worker
+answers (a matmul of thin operands: 8 bytes of work per byte moved): up, (1, N) @ (N, 1), N values
+each way up and one back; down, (M, 1) @ (1, M), 2M values up and M*M back. Link time is the round
+trip minus the worker's own reported time, as for every call the planner learns from.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from . import transport, wire
+
+SMALL = 256 << 10          # bytes each way in the first transfer
+LARGE = 1 << 20            # ... and in the second, when the first took under FAST_S
+FAST_S = 0.03
+PINGS = 5
+
+
+def _call(chan: transport.Channel, rid: int, a: np.ndarray, b: np.ndarray, alive: Callable[[], bool] | None,
+          deadline_s: float) -> tuple[float, float]:
+    """(seconds from send to reply, the worker's own seconds) for one matmul."""
+    result = {"dtype": "<f8", "shape": [a.shape[0], b.shape[1]]}  # declared, as every call's (issue 8)
+    frames = wire.encode({"t": "call", "id": rid, "op": "matmul", "params": {"cdtype": "<f8"}, "layouts": ["C"],
+                          "results": [result]}, [a, b])
+    t = time.perf_counter()
+    header, _ = chan.request(rid, frames, time.monotonic() + deadline_s, alive)
+    seconds = time.perf_counter() - t
+    if header.get("t") != "result":
+        raise transport.BadReply(f"link probe answered with {header.get('t')!r}: {header.get('msg')}")
+    timing = header.get("timing") if isinstance(header.get("timing"), dict) else {}
+    worker = sum(float(v) for k, v in timing.items() if k == "kernel" and isinstance(v, (int, float)))
+    return seconds, worker
+
+
+def measure(chan: transport.Channel, next_id: Callable[[], int], alive: Callable[[], bool] | None = None,
+            deadline_s: float = 30.0) -> tuple[float, float | None, float | None, str | None]:
+    """(round trip s, bytes/s up, bytes/s down, why the bandwidth is unknown): both at once."""
+    rtt = ping(chan, next_id, alive, deadline_s)
+    return (rtt, *bandwidth(chan, next_id, rtt, alive, deadline_s)[:3])
+
+
+def ping(chan: transport.Channel, next_id: Callable[[], int], alive: Callable[[], bool] | None = None,
+         deadline_s: float = 30.0) -> float:
+    """The best of a few hello round trips; raises TransportError like any request."""
+    rtt = float("inf")
+    for _ in range(PINGS):
+        rid = next_id()
+        t = time.perf_counter()
+        chan.request(rid, wire.encode({"t": "hello", "id": rid}), time.monotonic() + deadline_s, alive)
+        rtt = min(rtt, time.perf_counter() - t)
+    return rtt
+
+
+def bandwidth(chan: transport.Channel, next_id: Callable[[], int], rtt: float,
+              alive: Callable[[], bool] | None = None,
+              deadline_s: float = 30.0) -> tuple[float | None, float | None, str | None, int]:
+    """(bytes/s up, bytes/s down, why unknown, bytes moved both ways). A transfer that fails (a
+    worker too slow to answer within ``deadline_s``) leaves them None and says why: the worker is
+    still usable."""
+    up = down = None
+    moved = 0
+    try:
+        for nbytes in (SMALL, LARGE):
+            n = nbytes // 8
+            a, b = np.ones((1, n)), np.ones((n, 1))
+            s, w = _call(chan, next_id(), a, b, alive, deadline_s)
+            m = int(n ** 0.5)
+            c, d = np.ones((m, 1)), np.ones((1, m))
+            s2, w2 = _call(chan, next_id(), c, d, alive, deadline_s)
+            up = a.nbytes * 2 / max(s - w - rtt, 1e-6)
+            down = m * m * 8 / max(s2 - w2 - rtt, 1e-6)
+            moved += a.nbytes * 2 + (c.nbytes + d.nbytes) + m * m * 8
+            if s > FAST_S or s2 > FAST_S:
+                break
+    except transport.TransportError as exc:
+        if up is None:
+            return None, None, f"{type(exc).__name__}: {exc}", moved
+    return up, down, None, moved

@@ -1,0 +1,147 @@
+"""Local calibration (issue 5): short NumPy probes per (family, dtype), cached per host and build.
+
+A probe set is run on first use of a (family, dtype), in a background thread the runtime starts (never
+on the program's critical path): a few sizes of the family's representative op (matmul, solve,
+fft/rfft), best of three timed runs after one warm-up, about 10-50 ms per dtype on the development
+machine. The points become the local RateModel's curve for that family and dtype.
+
+The cache lives in ``$XDG_CACHE_HOME/fusion_shim`` (``~/.cache/fusion_shim`` by default), one file
+per *build key*: host name, CPU model, the CPUs this process may run on, NumPy's version and BLAS,
+and the BLAS thread settings. A process pinned to one core with one BLAS thread gets its own file.
+An entry older than ``MAX_AGE_S`` is stale and is measured again on first use; an entry whose local
+model had to be reset (plan.model's StarPU rule) is dropped so that the next run measures afresh.
+
+NumPy only: no zmq, no torch.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import socket
+import tempfile
+import time
+from typing import Callable
+
+import numpy as np
+
+MAX_AGE_S = 7 * 24 * 3600
+VERSION = 1
+THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
+# sizes per family: square n for products and linalg, length for fft; complex products do 4x the
+# work per element, so they stop one size earlier
+FLOAT_DTYPES = ("f4", "f8", "c8", "c16")
+SIZES = {"products": (64, 192, 512), "linalg": (64, 192, 448), "fft": (1 << 10, 1 << 14, 1 << 18)}
+
+
+def cache_dir(env: dict | None = None) -> str:
+    env = os.environ if env is None else env
+    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fusion_shim")
+
+
+def build_key() -> dict:
+    """What local speed depends on; a different value means a different cache file."""
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = list(range(os.cpu_count() or 1))
+    try:
+        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        blas = f"{blas.get('name')} {blas.get('version')}"
+    except Exception:  # an older NumPy or an unusual build: the version alone then
+        blas = "?"
+    cpu = platform.machine()  # (platform.processor() runs a subprocess: too slow for a start-up path)
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"host": socket.gethostname(), "cpu": cpu, "cpus": cpus, "numpy": np.__version__, "blas": blas,
+            "threads": {v: os.environ.get(v) for v in THREAD_VARS if os.environ.get(v)}}
+
+
+def cache_path(key: dict, directory: str | None = None) -> str:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(directory or cache_dir(), f"local-{digest}.json")
+
+
+class Cache:
+    """Calibration points per "family/dtype", read once and written back as entries are measured."""
+
+    def __init__(self, path: str, key: dict, now: Callable[[], float] = time.time):
+        self.path, self.key, self.now = path, key, now
+        self.entries: dict[str, dict] = {}
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            if data.get("version") == VERSION and data.get("key") == key:
+                self.entries = {k: v for k, v in data.get("entries", {}).items()
+                                if isinstance(v, dict) and isinstance(v.get("points"), list)}
+        except (OSError, ValueError):
+            pass  # no cache yet, or unreadable: measure
+
+    def get(self, family: str, dtype: str) -> list[tuple[float, float]] | None:
+        """The points, or None when absent or stale."""
+        e = self.entries.get(f"{family}/{dtype}")
+        if e is None or self.now() - float(e.get("created", 0)) > MAX_AGE_S:
+            return None
+        return [(float(f), float(s)) for f, s in e["points"]]
+
+    def put(self, family: str, dtype: str, points: list[tuple[float, float]]) -> None:
+        self.entries[f"{family}/{dtype}"] = {"created": self.now(), "points": [list(p) for p in points]}
+        self._write()
+
+    def drop(self, family: str, dtype: str) -> None:
+        if self.entries.pop(f"{family}/{dtype}", None) is not None:
+            self._write()
+
+    def _write(self) -> None:
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".local-", dir=os.path.dirname(self.path))
+            with os.fdopen(fd, "w") as f:
+                json.dump({"version": VERSION, "key": self.key, "entries": self.entries}, f)
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # a read-only home: calibrate again next run, nothing worse
+
+
+def probe(family: str, dtype: str) -> list[tuple[float, float]]:
+    """(flops, seconds) at a few sizes for the family's representative op in ``dtype``."""
+    dt = np.dtype(dtype)
+    rng = np.random.default_rng(0)
+    cf = 4 if dt.kind == "c" else 1
+    points = []
+    sizes = SIZES[family][:-1] if (cf == 4 and family != "fft") else SIZES[family]
+    for n in sizes:
+        if family == "products":
+            a = _random(rng, (n, n), dt)
+            fn, flops = (lambda: np.matmul(a, a)), 2.0 * n**3 * cf
+        elif family == "linalg":
+            a = _random(rng, (n, n), dt) + n * np.eye(n, dtype=dt)
+            fn, flops = (lambda: np.linalg.solve(a, a)), (2 / 3 * n**3 + 2.0 * n**3) * cf
+        else:
+            x = _random(rng, (n,), dt)
+            f = np.fft.fft if dt.kind == "c" else np.fft.rfft
+            fn, flops = (lambda: f(x)), 5.0 * n * math.log2(n) / (1 if dt.kind == "c" else 2)
+        points.append((flops, best_time(fn)))
+    return points
+
+
+def best_time(fn: Callable[[], object], repeat: int = 3) -> float:
+    fn()  # warm: first-touch pages, BLAS thread start-up
+    best = math.inf
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _random(rng: np.random.Generator, shape: tuple, dt: np.dtype) -> np.ndarray:
+    if dt.kind == "c":
+        return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dt)
+    return rng.standard_normal(shape).astype(dt)

@@ -1,0 +1,306 @@
+"""The planner's state between calls (issue 5): the profile, the exploration budget, calibration on
+first use, and the per-op floors the interceptor reads.
+
+The runtime owns one Planner. It calls :meth:`Planner.decide` on the application's thread (a few
+microseconds: dictionary reads and arithmetic), :meth:`observed_local` / :meth:`observed_remote`
+after each call it recorded, and :meth:`worker_ready` / :meth:`worker_down` from its link threads.
+Work that takes milliseconds (calibration probes, recomputing the floors) runs only on background
+threads the runtime provides (``background``), never on the application's critical path.
+
+Exploration budget: ``EXPLORE_FRACTION`` of the intercepted time recorded so far, minus what
+explored calls cost over the prediction for the place not taken.
+"""
+from __future__ import annotations
+
+import functools
+import threading
+from collections import defaultdict
+from typing import Any, Callable, Sequence
+
+from . import calibrate
+from .model import FAMILIES, Profile
+from .policy import NEVER, Call, Decision, WorkerState, decide, family_of, floors
+
+EXPLORE_FRACTION = 0.02
+OWN_SAMPLES_ENOUGH = 2   # a (family, dtype) with this many measured calls of its own is not probed
+FLOORS_AFTER_SAMPLES = 2  # the floors are recomputed after each of an op's first local measurements
+FLOOR_BYTES = 64 * 1024  # the floor until the models have produced one (a background thread does)
+
+
+def _never_raises(method: Callable) -> Callable:
+    """Learning runs on the program's thread after its call: a bug here is reported, never raised."""
+    @functools.wraps(method)
+    def safe(self: "Planner", *args: Any) -> None:
+        try:
+            method(self, *args)
+        except Exception as exc:
+            self.on_event(f"planner error in {method.__name__}: {type(exc).__name__}: {exc}")
+    return safe
+
+
+class Planner:
+    def __init__(self, policy: str, workers: int = 1, *, min_flops: float = 0.0,
+                 cache: calibrate.Cache | None = None,
+                 background: Callable[[Callable[[], None], str], None] | None = None,
+                 on_event: Callable[[str], None] | None = None,
+                 explore_fraction: float = EXPLORE_FRACTION, profile: Profile | None = None,
+                 ops: dict[str, str] | None = None):
+        self.policy = policy
+        self.ops = dict(ops) if ops else None  # name -> family: the ops whose floors are derived
+        self.profile = profile or Profile(workers)
+        self.min_flops = min_flops
+        self.cache = cache
+        self.background = background
+        self.on_event = on_event or (lambda text: None)
+        self.explore_fraction = explore_fraction
+        self.lock = threading.Lock()
+        self.intercepted_s = 0.0
+        self.explore_spent_s = 0.0
+        self.explored = 0
+        self.ready: set[int] = set()
+        self.curves_from: dict[tuple[str, str], str] = {}  # (family, dtype) -> "cache" | "measured"
+        self._wanted: set[tuple[str, str]] = set()
+        self._queue: list[tuple[str, str]] = []
+        self._probed: set[tuple[str, str]] = set()  # probed, queued, or read from the cache
+        self._floors_pending = False
+        self._calibrating = False
+        # one cell per op, read by the interceptor's fast path without a lock: [floor in bytes]
+        start = 0 if policy == "remote" else FLOOR_BYTES
+        self.floor_cells: dict[str, list[int]] = defaultdict(lambda: [start])
+        self.floor_bytes = start
+        # set by the runtime once residency (issue 6) can keep inputs on a worker: the floors then
+        # assume inputs may already be there, so only the result's way back is certain
+        self.inputs_may_be_resident = False
+        # called with the smallest floor after each refresh: the C fast path holds one number (issue 3)
+        self.on_floors: Callable[[int], None] | None = None
+
+    # -- on the application's thread ------------------------------------------------------------
+    def decide(self, call: Call, workers: Sequence[WorkerState]) -> Decision:
+        try:
+            key = (call.family, call.dtype)
+            if key not in self._wanted and self.policy != "local":
+                self._want(key)
+            budget = self.explore_fraction * self.intercepted_s - self.explore_spent_s
+            d = decide(self.policy, call, self.profile, workers, budget, self.min_flops)
+            if (d.where == "local" and d.remote_s is not None and d.local_s is not None
+                    and d.remote_s < d.local_s and key not in self._probed):
+                self._probe(key)  # a worker predicted faster, not by the margin: calibration can decide it
+            return d
+        except Exception as exc:  # a planner bug costs a local call and a line in the report, never the program
+            self.on_event(f"planner error, {call.op} computed here: {type(exc).__name__}: {exc}")
+            return Decision("local", f"planner error: {type(exc).__name__}")
+
+    @_never_raises
+    def observed_local(self, call: Call, decision: Decision | None, seconds: float) -> None:
+        """A call computed here, timed (NumPy's own time)."""
+        with self.lock:
+            self.intercepted_s += seconds
+            if decision is not None and decision.explore and decision.remote_s is not None:
+                self.explore_spent_s += max(seconds - decision.remote_s, 0.0)
+                self.explored += 1
+            first = self.profile.local.samples(call.op, call.dtype) < FLOORS_AFTER_SAMPLES
+            msg = self.profile.local.observe(call.op, call.family, call.dtype, call.flops, seconds)
+        if msg:
+            self._reset(msg, call.family, call.dtype, local=True)
+        if first:  # the first measurements of an op here can move its floor a long way
+            self._refresh_floors_soon()
+
+    @_never_raises
+    def measured_local(self, call: Call, seconds: float) -> None:
+        """NumPy's time for a call that also ran on the worker (a verification check): it teaches
+        the local model, and is not time the program spent."""
+        with self.lock:
+            msg = self.profile.local.observe(call.op, call.family, call.dtype, call.flops, seconds)
+        if msg:
+            self._reset(msg, call.family, call.dtype, local=True)
+
+    @_never_raises
+    def observed_remote(self, worker: int, call: Call, decision: Decision, seconds: float,
+                        kernel_s: float | None, up: int, down: int) -> None:
+        """A call answered by ``worker``: ``seconds`` from encoding to decoding, ``kernel_s`` the
+        worker's own compute time, ``up``/``down`` the bytes that crossed the link."""
+        msgs = []
+        with self.lock:
+            self.intercepted_s += seconds
+            if decision.explore and decision.local_s is not None:
+                self.explore_spent_s += max(seconds - decision.local_s, 0.0)
+                self.explored += 1
+            model = self.profile.workers[worker]
+            if kernel_s is not None and kernel_s > 0:
+                msgs.append(model.device.observe(call.op, call.family, call.dtype, call.flops, kernel_s))
+                msgs.append(model.link.observe(up, down, max(seconds - kernel_s, 1e-6)))
+        for msg in msgs:
+            if msg:
+                self._reset(msg, call.family, call.dtype, local=False)
+
+    @_never_raises
+    def timed_out(self, worker: int, call: Call, seconds: float) -> None:
+        """A call on ``worker`` ran out of its deadline after ``seconds``: it takes at least that long
+        there, so the next prediction for it moves up (issue 8's deadlines follow predictions)."""
+        with self.lock:
+            self.profile.workers[worker].device.observe(call.op, call.family, call.dtype, call.flops, seconds,
+                                                        force=True)
+
+    # -- from the links' threads -----------------------------------------------------------------
+    @_never_raises
+    def worker_ready(self, worker: int, bench: Any, rtt: float, up_bps: float | None = None,
+                     down_bps: float | None = None) -> None:
+        """The worker answered ``ready``: its self-benchmark, the round trip measured at connect and,
+        when already known, the bandwidth each way (else the prior's, until :meth:`link_measured`)."""
+        model = self.profile.workers[worker]
+        with self.lock:
+            if up_bps and down_bps:
+                model.link.set_measured(rtt, up_bps, down_bps)
+            else:
+                model.link.rtt = rtt
+            if isinstance(bench, dict):
+                points = bench.get("points")
+                if isinstance(points, dict):
+                    for key, pts in points.items():
+                        family, _, dtype = str(key).partition("/")
+                        if family in FAMILIES and isinstance(pts, list):
+                            model.device.set_curve(family, dtype, [tuple(map(float, p)) for p in pts
+                                                                   if isinstance(p, (list, tuple)) and len(p) == 2])
+                            model.benchmarked = True
+                if not model.benchmarked:  # an older worker: one float64 rate per family
+                    for family in FAMILIES:
+                        rate = bench.get(family)
+                        if isinstance(rate, (int, float)) and rate > 0:
+                            model.device.set_curve(family, "f8", [(1e8, 1e8 / (rate * 1e9))])
+                            model.benchmarked = True
+            self.ready.add(worker)
+        self.refresh_floors()
+
+    @_never_raises
+    def link_measured(self, worker: int, up_bps: float, down_bps: float) -> None:
+        link = self.profile.workers[worker].link
+        with self.lock:
+            link.set_measured(link.rtt, up_bps, down_bps)
+        self.refresh_floors()
+
+    @_never_raises
+    def worker_down(self, worker: int) -> None:
+        with self.lock:
+            self.ready.discard(worker)
+
+    # -- calibration on first use, in the background ----------------------------------------------
+    # A cached curve is read at first use. Probes cost CPU the program may want (on a 2-core machine
+    # they slowed short programs by 10-30%), so they run only where they can change a decision: a
+    # ready worker was predicted faster for a call of that (family, dtype), but not by the margin,
+    # and the program's own calls have not measured it yet. Elsewhere the margin already decides, and
+    # every local call is measured anyway (issue 5: calibration never on the critical path).
+    def _want(self, key: tuple[str, str]) -> None:
+        with self.lock:
+            if key in self._wanted:
+                return
+            self._wanted.add(key)
+        if key[1] not in calibrate.FLOAT_DTYPES:
+            return  # integer products are not calibrated: they learn from their own calls
+        points = self.cache.get(*key) if self.cache is not None else None
+        if points is not None:
+            with self.lock:
+                self.profile.local.set_curve(key[0], key[1], points)
+                self.curves_from[key] = "cache"
+            self.on_event(f"local {key[0]} {key[1]} calibration read from the cache")
+            with self.lock:
+                self._probed.add(key)
+
+    def _probe(self, key: tuple[str, str]) -> None:
+        with self.lock:
+            if key in self._probed or key[1] not in calibrate.FLOAT_DTYPES:
+                return
+            self._probed.add(key)
+            self._queue.append(key)
+            if self._calibrating or self.background is None:
+                return
+            self._calibrating = True
+        self.background(self._calibrate_queue, "fusion-shim-calibrate")
+
+    def calibrate_now(self, keys: Sequence[tuple[str, str]]) -> None:
+        """Probe ``keys`` on this thread, whatever the cache holds (the CLI, a forced refresh)."""
+        with self.lock:
+            for key in keys:
+                self._wanted.add(key)
+                self._probed.add(key)
+                self._queue.append(key)
+            self._calibrating = True
+        self._calibrate_queue(force=True)
+
+    def _calibrate_queue(self, force: bool = False) -> None:
+        try:
+            while True:
+                with self.lock:
+                    if not self._queue:
+                        self._calibrating = False
+                        break
+                    family, dtype = self._queue.pop(0)
+                    own = sum(self.profile.local.samples(op, dtype) for (op, dt) in list(self.profile.local.buckets)
+                              if dt == dtype and family_of(op) == family)
+                if own >= OWN_SAMPLES_ENOUGH and not force:
+                    self.on_event(f"local {family} {dtype}: learnt from {own} of the program's own calls, no probe")
+                    continue
+                points = calibrate.probe(family, dtype)
+                source = "measured"
+                if self.cache is not None:
+                    self.cache.put(family, dtype, points)
+                with self.lock:
+                    self.profile.local.set_curve(family, dtype, points)
+                    self.curves_from[(family, dtype)] = source
+                self.on_event(f"local {family} {dtype} calibrated ({source}): " + ", ".join(
+                    f"{f / s / 1e9:.3g} GFLOP/s at {f:.2g} flops" for f, s in points))
+            self.refresh_floors()
+        except BaseException:
+            with self.lock:
+                self._calibrating = False
+            raise
+
+    def _reset(self, msg: str, family: str, dtype: str, local: bool) -> None:
+        self.on_event(msg)
+        if local and self.cache is not None and self.curves_from.get((family, dtype)) == "cache":
+            self.cache.drop(family, dtype)  # the cached curve may be what is wrong: measure next run
+
+    # -- the floors ---------------------------------------------------------------------------------
+    def _refresh_floors_soon(self) -> None:
+        """Recompute the floors on a background thread, once at a time (never on the app's thread)."""
+        if self.policy != "auto" or self.background is None:
+            return
+        with self.lock:
+            if self._floors_pending:
+                return
+            self._floors_pending = True
+
+        def run() -> None:
+            with self.lock:
+                self._floors_pending = False
+            self.refresh_floors()
+
+        self.background(run, "fusion-shim-floors")
+
+    def refresh_floors(self) -> None:
+        """Recompute every op's floor from the models (about 10 ms: call it off the app's thread)."""
+        if self.policy != "auto":
+            return
+        with self.lock:
+            ready = sorted(self.ready)
+        new = floors(self.profile, ready or None, inputs_free=self.inputs_may_be_resident, ops=self.ops)
+        for op, value in new.items():
+            self.floor_cells[op][0] = value
+        self.floor_bytes = min(new.values())
+        if self.on_floors is not None:
+            self.on_floors(self.floor_bytes)
+
+    def describe_floors(self) -> str:
+        parts = []
+        for op, (v,) in sorted(self.floor_cells.items()):
+            parts.append(f"{op.removeprefix('numpy.')} {'never' if v >= NEVER else _size(v)}")
+        return ", ".join(parts)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"
+
+
+__all__ = ["Planner", "EXPLORE_FRACTION", "FLOOR_BYTES", "family_of"]

@@ -1,0 +1,240 @@
+"""The planner inside the runtime (issue 5): several workers, link measurement at connect, per-op
+floors, calibration on first use with its cache, the residency hook, learning from every call."""
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import fusion_shim
+from fusion_shim.config import Config, ConfigError
+from fusion_shim.plan import NEVER, Planner, calibrate
+
+RNG = np.random.default_rng(5)
+
+
+# -- FUSION_SHIM_WORKERS ------------------------------------------------------------------------------
+
+def test_workers_setting():
+    c = Config.load(env={"FUSION_SHIM_WORKERS": "tcp://127.0.0.1:5555, ipc:///tmp/w.sock"})
+    assert c.workers == ("tcp://127.0.0.1:5555", "ipc:///tmp/w.sock")
+    assert Config.load(env=c.to_env()) == c
+    assert Config.load(env={}, workers=["inproc://a", "inproc://b"]).workers == ("inproc://a", "inproc://b")
+    with pytest.raises(ConfigError, match="inproc://, ipc://, tcp://"):
+        Config.load(env={"FUSION_SHIM_WORKERS": "tcp://127.0.0.1:5555,http://x"})
+    with pytest.raises(ConfigError, match="twice"):
+        Config.load(env={"FUSION_SHIM_WORKERS": "inproc://a,inproc://a"})
+    with pytest.raises(ConfigError, match="one of them"):
+        Config.load(env={"FUSION_SHIM_WORKERS": "inproc://a", "FUSION_SHIM_WORKER": "inproc://b"})
+
+
+# -- the calibration cache ----------------------------------------------------------------------------
+
+def test_cache_is_per_build_and_goes_stale(tmp_path):
+    key = calibrate.build_key()
+    assert calibrate.cache_dir({"XDG_CACHE_HOME": str(tmp_path)}) == str(tmp_path / "fusion_shim")
+    path = calibrate.cache_path(key, str(tmp_path))
+    now = [1000.0]
+    cache = calibrate.Cache(path, key, now=lambda: now[0])
+    assert cache.get("products", "f8") is None
+    cache.put("products", "f8", [(1e6, 1e-4), (1e9, 1e-2)])
+    again = calibrate.Cache(path, key, now=lambda: now[0])
+    assert again.get("products", "f8") == [(1e6, 1e-4), (1e9, 1e-2)]
+    now[0] += calibrate.MAX_AGE_S + 1
+    assert again.get("products", "f8") is None  # stale: measured again on first use
+    other = dict(key, threads={"OPENBLAS_NUM_THREADS": "1"})  # another build key: another file
+    assert calibrate.cache_path(other, str(tmp_path)) != path
+    assert calibrate.Cache(path, other).get("products", "f8") is None  # and never read across keys
+    again.drop("products", "f8")
+    assert calibrate.Cache(path, key, now=lambda: 1000.0).get("products", "f8") is None
+
+
+def test_calibration_runs_in_the_background_where_it_can_change_a_decision_and_is_cached(tmp_path, monkeypatch):
+    probes = []
+    real_probe = calibrate.probe
+    monkeypatch.setattr(calibrate, "probe", lambda f, d: probes.append((f, d)) or real_probe(f, d))
+    key = calibrate.build_key()
+    threads = []
+
+    def background(fn, name):
+        t = threading.Thread(target=fn, name=name)
+        threads.append(t)
+        t.start()
+        t.join(60)
+
+    events = []
+    path = calibrate.cache_path(key, str(tmp_path))
+    planner = Planner("auto", 1, cache=calibrate.Cache(path, key), background=background, on_event=events.append)
+    call = fusion_shim.plan.Call("numpy.matmul", "products", "f8", 2e9, 16 << 20, 8 << 20)
+    starting = [fusion_shim.plan.WorkerState("starting")]
+    ready = [fusion_shim.plan.WorkerState("ready")]
+    planner.decide(call, starting)
+    assert probes == []  # no worker could take the call: nothing to decide, nothing to calibrate
+    planner.worker_ready(0, {"products": 1.0}, 1e-4, 1e10, 1e10)  # a worker far slower: no question either
+    assert planner.decide(call, ready).where == "local" and probes == []
+    planner = Planner("auto", 1, cache=calibrate.Cache(path, key), background=background, on_event=events.append)
+    planner.worker_ready(0, {"products": 100.0}, 1e-4, 1e10, 1e10)  # predicted 2x faster: within the margin
+    d = planner.decide(call, ready)
+    assert d.where == "local" and d.remote_s < d.local_s
+    planner.decide(call, ready)  # asked once, not twice
+    assert probes == [("products", "f8")] and len(threads) == 1 and threads[0].name == "fusion-shim-calibrate"
+    assert ("products", "f8") in planner.profile.local.curves
+    assert any("calibrated (measured)" in e for e in events)
+    # the next run on this host and build reads the cache at first use, before any worker is ready
+    planner = Planner("auto", 1, cache=calibrate.Cache(path, key), background=background, on_event=events.append)
+    planner.decide(call, starting)
+    assert ("products", "f8") in planner.profile.local.curves and probes == [("products", "f8")]
+    assert any("read from the cache" in e for e in events)
+    # a (family, dtype) the program's own calls already measured is not probed
+    planner = Planner("auto", 1, cache=None, background=background, on_event=events.append)
+    planner.worker_ready(0, {"linalg": 15.0}, 1e-4, 1e10, 1e10)  # predicted 1.5x faster: marginal
+    solve = fusion_shim.plan.Call("numpy.linalg.solve", "linalg", "f8", 2e9, 16 << 20, 8 << 20)
+    for _ in range(3):
+        planner.observed_local(solve, None, 0.2)
+    planner.decide(fusion_shim.plan.Call("numpy.linalg.solve", "linalg", "f8", 2e10, 16 << 20, 8 << 20), ready)
+    assert ("linalg", "f8") not in probes and any("no probe" in e for e in events)
+
+
+# -- the runtime --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def two_workers(inproc_worker):
+    from fusion_shim.worker import serve_in_thread
+
+    url = f"inproc://fusion-shim-tests-second-{os.getpid()}"
+    thread, stop = serve_in_thread(url, device="cpu")
+    yield inproc_worker, url
+    stop.set()
+    thread.join(5)
+
+
+def _ready(rt, timeout=60):
+    deadline = time.monotonic() + timeout
+    for link in rt.links:
+        assert link.wait_ready(max(deadline - time.monotonic(), 0.1)), rt.ledger.events
+
+
+def test_several_workers_each_measured_at_connect(two_workers):
+    rt = fusion_shim.install(policy="remote", workers=list(two_workers), quiet=True)
+    try:
+        _ready(rt)
+        assert [link.url for link in rt.links] == list(two_workers) and rt.link is rt.links[0]
+        for link in rt.links:  # the round trip at connect; the bandwidth waits for a call that needs it
+            assert 0 < link.info["link"]["rtt_s"] < 0.5 and link.bandwidth is None
+        a = RNG.standard_normal((128, 128))
+        for _ in range(4):
+            np.testing.assert_allclose(np.matmul(a, a), a @ a.copy())  # the copy: same values, local
+        for link in rt.links:  # under auto the first call that could go there asks for it; here, the test
+            link.measure_bandwidth_soon()
+        deadline = time.monotonic() + 30
+        while any(link.bandwidth is None for link in rt.links) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for link in rt.links:
+            info = link.info["link"]
+            assert info["up_bytes_per_s"] > 1e6 and info["down_bytes_per_s"] > 1e6
+            assert rt.planner.profile.workers[link.index].link.measured
+        for _ in range(4):
+            np.matmul(a, a)
+        recs = [r for r in rt.ledger.records if r.op == "numpy.matmul"]
+        assert recs and all(r.kind == "worker" for r in recs)
+        # every remote call taught the chosen worker's device and link models
+        learnt = [w for w in rt.planner.profile.workers if w.device.samples("numpy.matmul", "f8") and w.link.n]
+        assert learnt
+        # the report says which workers there were and what their links measured
+        pl = fusion_shim.report()["planner"]
+        assert [w["url"] for w in pl["workers"]] == list(two_workers)
+        assert all(w["link"]["rtt_s"] > 0 for w in pl["workers"])
+        assert pl["floors_bytes"]["numpy.matmul"] == 0  # policy remote: every call is a candidate
+    finally:
+        fusion_shim.uninstall()
+
+
+def test_checked_calls_teach_the_local_model(inproc_worker):
+    rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True, verify="all")
+    try:
+        _ready(rt)
+        a = RNG.standard_normal((96, 96))
+        for _ in range(3):
+            np.linalg.solve(a, a)
+        # each check was a measurement: folded into its bucket, or counted as an error there (StarPU's rule)
+        stats = rt.planner.profile.local.buckets[("numpy.linalg.solve", "f8")].values()
+        assert sum(st.n + st.errors for st in stats) == 3
+        recs = [r for r in rt.ledger.records if r.op == "numpy.linalg.solve"]
+        # NumPy's own time, without the comparison: the oracle of benchmarks/workloads reads it
+        assert all(0 < r.local_measured_s <= r.phases["verify"] for r in recs)
+    finally:
+        fusion_shim.uninstall()
+
+
+def test_auto_never_waits_for_a_cold_worker_and_floors_are_per_op(tmp_path):
+    rt = fusion_shim.install(policy="auto", worker=f"ipc://{tmp_path}/nobody.sock", quiet=True)
+    try:
+        a = RNG.standard_normal((300, 300))
+        np.linalg.svd(a)  # above any floor: a candidate, decided local at once
+        rec = [r for r in rt.ledger.records if r.op == "numpy.linalg.svd"][-1]
+        assert rec.kind == "local" and "starting" in rec.reason
+        assert "wait_ready" not in rec.phases and rec.wall_s - rec.phases["local"] < 0.5  # no waiting
+        deadline = time.monotonic() + 30
+        while rt.floor_cell("numpy.matmul")[0] == fusion_shim.plan.FLOOR_BYTES and time.monotonic() < deadline:
+            time.sleep(0.05)  # the prior floors are computed on a background thread
+        cells = {op: rt.floor_cell(op)[0] for op in ("numpy.matmul", "numpy.linalg.svd")}
+        assert 0 < cells["numpy.linalg.svd"] < cells["numpy.matmul"] < NEVER
+        assert rt.floor_bytes == min(c[0] for c in rt.planner.floor_cells.values())
+    finally:
+        fusion_shim.uninstall()
+
+
+def test_the_worker_that_holds_the_inputs_is_preferred(two_workers):
+    """The residency hook (issue 6 answers it): with a link whose upload is slow, only the worker
+    that already holds the inputs can win, and it is the one chosen."""
+    rt = fusion_shim.install(policy="auto", workers=list(two_workers), quiet=True)
+    try:
+        _ready(rt)
+        prof = rt.planner.profile
+
+        def synthetic():  # a very fast device behind a slow upload and a fast download; fresh models
+            for w in prof.workers:
+                w.device.buckets.clear()
+                w.device.set_curve("products", "f8", [(1e9, 1e-6)])
+                w.link.set_measured(100e-6, 1e6, 1e10)
+            prof.local.buckets.clear()
+            prof.local.set_curve("products", "f8", [(1e9, 1e-2)])
+
+        synthetic()
+        rt.planner.inputs_may_be_resident = True
+        rt.links[1].resident_bytes = lambda wired: sum(wired.sizes)
+        rt.planner.refresh_floors()
+        a = RNG.standard_normal((700, 700))
+        for _ in range(3):
+            synthetic()  # what the real CPU workers measured must not decide this test
+            np.matmul(a, a)
+        recs = [r for r in rt.ledger.records if r.op == "numpy.matmul"]
+        assert recs and all(r.kind == "worker" for r in recs), [r.reason for r in recs]
+        assert all(two_workers[1] in r.reason for r in recs)
+        rt.links[1].resident_bytes = lambda wired: 0  # nobody holds them: the upload would cost seconds
+        synthetic()
+        np.matmul(a, a)
+        assert rt.ledger.records[-1].kind == "local"
+    finally:
+        fusion_shim.uninstall()
+
+
+def test_calibrate_command_writes_the_cache(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "fusion_shim", "calibrate"], env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    files = list((tmp_path / "fusion_shim").glob("local-*.json"))
+    assert len(files) == 1 and f"written to {files[0]}" in r.stdout
+    data = json.loads(files[0].read_text())
+    assert data["key"] == calibrate.build_key() or data["key"]["numpy"] == np.__version__
+    expected = {f"{f}/{d}" for f in ("products", "linalg", "fft") for d in calibrate.FLOAT_DTYPES}
+    assert set(data["entries"]) == expected
+    for entry in data["entries"].values():  # (flops, seconds) points, increasing work
+        flops = [f for f, s in entry["points"]]
+        assert flops == sorted(flops) and all(s > 0 for f, s in entry["points"])

@@ -200,6 +200,9 @@ def test_the_worker_that_holds_the_inputs_is_preferred(two_workers):
                 w.link.set_measured(100e-6, 1e6, 1e10)
             prof.local.buckets.clear()
             prof.local.set_curve("products", "f8", [(1e9, 1e-2)])
+            for link in rt.links:  # taken as measured: no bulk probe may overwrite the synthetic link
+                link.bandwidth = (1e6, 1e10)
+            rt.planner.background = None  # nor a calibration probe the local curve
 
         synthetic()
         rt.planner.inputs_may_be_resident = True
@@ -238,3 +241,37 @@ def test_calibrate_command_writes_the_cache(tmp_path):
     for entry in data["entries"].values():  # (flops, seconds) points, increasing work
         flops = [f for f, s in entry["points"]]
         assert flops == sorted(flops) and all(s > 0 for f, s in entry["points"])
+
+
+def test_each_op_keeps_its_own_floor_and_c_holds_the_smallest(tmp_path):
+    """The C fast path compares with one number, the smallest floor of all ops; each op's own floor
+    is checked after it, so a call between the two stays local, counted, unrecorded."""
+    from fusion_shim.intercept import native
+
+    rt = fusion_shim.install(policy="auto", worker=f"ipc://{tmp_path}/nobody.sock", quiet=True)
+    try:
+        deadline = time.monotonic() + 30
+        while rt.floor_cell("numpy.matmul")[0] == fusion_shim.plan.FLOOR_BYTES and time.monotonic() < deadline:
+            time.sleep(0.05)
+        while native.available() and native._native.get_floor() != rt.floor_bytes and time.monotonic() < deadline:
+            time.sleep(0.05)  # published right after the cells are written
+        low, high = rt.floor_bytes, rt.floor_cell("numpy.matmul")[0]
+        assert 0 < low < high < NEVER
+        if native.available():
+            assert native._native.get_floor() == low
+        n = int(((low + high) / 2 / 16) ** 0.5)  # two n x n float64 inputs between the two floors
+        a = np.ones((n, n))
+        assert low <= 2 * a.nbytes < high
+        before = len(rt.ledger.records)
+        for f in (np.matmul, np.dot):
+            f(a, a)
+        a @ a
+        assert len(rt.ledger.records) == before  # none reached the planner
+        ops = fusion_shim.report()["ops"]
+        assert ops["numpy.matmul"]["below_floor"] >= 1 and ops["numpy.dot"]["below_floor"] >= 1
+        if native.available():
+            assert ops["numpy.ndarray.__matmul__"]["below_floor"] >= 1
+    finally:
+        fusion_shim.uninstall()
+    if native.available():
+        assert native._native.get_floor() == -1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections import defaultdict
 from typing import Any, Callable, Sequence
 
@@ -23,6 +24,7 @@ from .policy import NEVER, Call, Decision, WorkerState, decide, family_of, floor
 
 EXPLORE_FRACTION = 0.02
 OWN_SAMPLES_ENOUGH = 2   # a (family, dtype) with this many measured calls of its own is not probed
+PROBE_DEFER_S = 0.5      # a probe waits this long first: the program's own calls may measure it meanwhile
 FLOORS_AFTER_SAMPLES = 2  # the floors are recomputed after each of an op's first local measurements
 FLOOR_BYTES = 64 * 1024  # the floor until the models have produced one (a background thread does)
 
@@ -228,6 +230,10 @@ class Planner:
 
     def _calibrate_queue(self, force: bool = False) -> None:
         try:
+            if not force:
+                # a probe costs CPU the program may want (on 2 cores, 10-30% of a short program);
+                # a program that keeps calling the family measures it for free within a few calls
+                time.sleep(PROBE_DEFER_S)
             while True:
                 with self.lock:
                     if not self._queue:

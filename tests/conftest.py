@@ -16,6 +16,10 @@ _ids = itertools.count()
 ENV_AT_START = {k: v for k, v in os.environ.items() if k.startswith("FUSION_SHIM")}
 for _k in ENV_AT_START:
     del os.environ[_k]
+# The numba.cuda kernels (issue 9) run under numba's CUDA SIMULATOR in tests, unless the differential
+# suite targets a real GPU (FUSION_DIFF_DEVICE=cuda) or the caller chose (NUMBA_ENABLE_CUDASIM=0).
+# Set before anything imports numba; worker processes the tests start inherit it.
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0" if os.environ.get("FUSION_DIFF_DEVICE", "cpu") != "cpu" else "1")
 
 
 @pytest.fixture(scope="session")

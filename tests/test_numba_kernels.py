@@ -105,3 +105,22 @@ def test_a_worker_without_gpu_or_simulator_does_not_offer_them(monkeypatch):
         fusion_shim.uninstall()
         stop.set()
         thread.join(5)
+
+
+def test_the_client_imports_neither_torch_nor_numba():
+    """The numba rows and the shared-memory lane live on the client side too (catalog.numba,
+    transport.shm): neither may pull the worker's libraries into the program."""
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy, fusion_shim\n"
+            "from fusion_shim import catalog, runtime\n"
+            "from fusion_shim.transport import shm\n"
+            "fusion_shim.install(policy='local', quiet=True)\n"
+            "numpy.bincount(numpy.arange(3)); numpy.interp(0.5, [0.0, 1.0], [1.0, 2.0])\n"
+            "fusion_shim.uninstall()\n"
+            "print(sorted(m for m in ('torch', 'numba') if m in sys.modules))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]", r.stdout

@@ -231,6 +231,7 @@ class Worker:
             else:
                 tensors.append(self.backend.to_device(a))
         if missing:
+            self.backend.sync()  # staged copies (issue 9) land before their pinned buffers are reused
             return [], {}, {"missing": missing}
         held = {m["fp"] for m in metas if "fp" in m}  # this call's inputs: never evicted by it
         evicted: list = []

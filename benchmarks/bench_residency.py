@@ -34,7 +34,8 @@ def worker():
 def _run(worker, kind, residency):
     with tempfile.TemporaryDirectory() as d:
         report = Path(d) / "r.json"
-        env = {**__import__("os").environ, "FUSION_SHIM_RESIDENCY": "1" if residency else "0"}
+        # the socket lane, as recorded in RESULTS.md: shared memory (issue 9) is measured in bench_shm.py
+        env = {**__import__("os").environ, "FUSION_SHIM_RESIDENCY": "1" if residency else "0", "FUSION_SHIM_SHM": "0"}
         t = time.perf_counter()
         out = subprocess.run([sys.executable, "-m", "fusion_shim", "--quiet", "--policy", "remote", "--worker", worker,
                               "--report", str(report), str(HERE / "_iterative.py"), kind, str(STEPS[kind])],

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 PREFIX = "FUSION_SHIM_"
 POLICIES = ("auto", "local", "remote")
+SHM_MODES = ("auto", "0")
 DEVICES_HELP = "auto, cpu, cuda or cuda:N"
 
 
@@ -151,6 +152,7 @@ class Config:
     verify: float = 0.0           # fraction of worker answers also computed here and compared
     trace: str | None = None      # path for a Chrome-trace (Perfetto) timeline of the run
     residency: bool = True        # keep inputs and results on the worker, send references (issue 6)
+    shm: str = "auto"             # auto: buffers through shared memory when the worker is on this host (issue 9); 0: never
     native: bool = True           # the C extension: `@`, `@=`, `.dot` trampolines and the C fast path
     #                               of wrapped functions (issue 3); 0 turns both off (wrapt only)
     server_key: str | None = None   # path: the worker's CURVE public key (a worker run with --keys)
@@ -218,6 +220,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "verify": _fraction,
     "trace": _text,
     "residency": _bool,
+    "shm": _choice(SHM_MODES),
     "native": _bool,
     "server_key": _server_key,
     "client_keys": _client_keys,

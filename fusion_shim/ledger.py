@@ -44,6 +44,8 @@ class Record:
     bytes_saved: int = 0          # ... and their bytes, which did not travel
     resends: int = 0              # references the worker no longer held, resent by value
     evictions: int = 0            # entries the worker dropped from its store during this call
+    shm_sent: int = 0             # input bytes that went through shared memory, not the socket (issue 9)
+    shm_received: int = 0         # ... and result bytes that came back that way
 
 
 def call_site(depth: int = 2) -> str:
@@ -110,6 +112,8 @@ class Ledger:
             agg[rec.kind] += 1
             agg["bytes_sent"] += rec.bytes_sent
             agg["bytes_received"] += rec.bytes_received
+            agg["shm_sent"] += rec.shm_sent
+            agg["shm_received"] += rec.shm_received
             agg["wall_s"] += rec.wall_s
             for phase, seconds in rec.phases.items():
                 agg["phases"][phase] = agg["phases"].get(phase, 0.0) + seconds
@@ -158,5 +162,6 @@ class Ledger:
 def _new_op() -> dict[str, Any]:
     return {"family": "", "calls": 0, "worker": 0, "local": 0, "unsupported": 0, "fallback": 0,
             "below_floor": 0, "verified": 0, "mismatches": 0,
-            "resident_hits": 0, "bytes_saved": 0, "resends": 0, "evictions": 0, "bytes_sent": 0, "bytes_received": 0, "wall_s": 0.0,
+            "resident_hits": 0, "bytes_saved": 0, "resends": 0, "evictions": 0, "bytes_sent": 0, "bytes_received": 0,
+            "shm_sent": 0, "shm_received": 0, "wall_s": 0.0,
             "phases": {}, "reasons": Counter()}

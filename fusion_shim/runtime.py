@@ -41,6 +41,7 @@ from .catalog import OpSpec, Prepared, Unsupported, prepare
 from .config import Config
 from .ledger import Ledger, Record, call_site
 from .residency import Mirror, fingerprint, worth_keeping
+from .transport import shm as shmlane
 from .verify import compare
 
 # One per process, shared by every Runtime, so that intercept.bypassed() holds across installs:
@@ -135,6 +136,7 @@ class WorkerLink:
         self._failed_probes = 0  # consecutive; sets the back-off and keeps the events short
         self.stopped = False  # after stop(): no restart, no probe (a late thread must not respawn)
         self.curve = _load_curve(config)
+        self.lane = shmlane.ClientLane(config.shm, ledger.event)  # same-host shared memory (issue 9)
         _links.add(self)
         if self.curve is None and not self.embedded and not transport.is_loopback(self.url):
             ledger.event(f"connecting to {self.url} without authentication: the worker must run --insecure "
@@ -142,9 +144,14 @@ class WorkerLink:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
+        self.lane.start(self.url)
         if self.embedded:
             self._spawn()
         self._probe()
+
+    def shm(self) -> "shmlane.ShmPool | None":
+        """The shared-memory pool for this worker, where the lane was negotiated (issue 9)."""
+        return self.lane.pool()
 
     def _spawn(self) -> None:
         if self.tmpdir is None:
@@ -183,16 +190,26 @@ class WorkerLink:
             chan = transport.Channel(self.url, self.curve)
             rid = next(self._ids)
             t = time.monotonic()
-            header, _ = chan.request(rid, wire.encode({"t": "hello", "id": rid}),
-                                     t + self.config.ready_timeout, self._probe_alive)
+            hello = {"t": "hello", "id": rid}
+            offer = self.lane.offer(self.url)  # issue 9: shared memory, if the worker can map ours
+            if offer is not None:
+                hello["shm"] = offer
+            try:
+                header, _ = chan.request(rid, wire.encode(hello), t + self.config.ready_timeout, self._probe_alive)
+            finally:
+                self.lane.withdraw()
             if header["t"] == "error":
                 raise transport.BadReply(f"hello answered with an error: {header.get('kind')}: {header.get('msg')}")
             if header["t"] != "ready":
                 raise transport.BadReply(f"hello answered with {header['t']!r}")
-            info = {k: header.get(k) for k in ("pid", "device", "torch", "bench", "memory_budget")}
+            info = {k: header.get(k) for k in ("pid", "device", "torch", "bench", "memory_budget", "numba", "kernels")}
             if info.get("pid") != self.info.get("pid"):
                 self.mirror.clear()  # a new worker process holds nothing yet
+                if info.get("numba") == "simulator":  # issue 9: said where the report shows it
+                    self.ledger.event("numba kernels run under numba's CUDA SIMULATOR on the worker: tests only, slow")
             self.info = info
+            if offer is not None:
+                self.lane.answered(header.get("shm"), info.get("pid"))
             if self.ready_after_s is not None:  # back after a fault: the link was measured before
                 self.info["link"] = {"rtt_s": self.rtt_s, **self._bandwidth_info()}
                 self.planner.worker_ready(self.index, self.info.get("bench"), self.rtt_s or 150e-6,
@@ -268,6 +285,11 @@ class WorkerLink:
         """Bytes of a call's inputs this worker is believed to hold (its residency mirror, issue 6):
         the planner prices only the rest."""
         return wired.resident_in(self.mirror)
+
+    def offers(self, kernel_id: str) -> bool:
+        """Whether this worker has the kernel (its ``ready`` reply lists them; before it: assumed)."""
+        kernels = self.info.get("kernels")
+        return not isinstance(kernels, list) or kernel_id in kernels
 
     def plan_state(self, missing: int | None) -> plan.WorkerState:
         """What the planner sees of this worker for one call; ``missing``: the input bytes it lacks
@@ -388,6 +410,7 @@ class WorkerLink:
             self.stopped = True
         self.state = "stopped"
         self.ready.clear()
+        self._close_shm()
         self._drop_channel()  # this thread's; other threads' channels go with their threads
         if self.proc is not None and os.getpid() == self.owner and self.proc.poll() is None:
             self.proc.terminate()
@@ -402,6 +425,19 @@ class WorkerLink:
                 self.proc.wait()
         if self.tmpdir and os.getpid() == self.owner:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+    def _close_shm(self) -> None:
+        """Unlink this client's segment names (issue 9); a worker that outlives it is told to unmap
+        them (an embedded one is about to exit; the others would only notice this process gone)."""
+        names = self.lane.close()
+        if names and not self.embedded and os.getpid() == self.owner:
+            try:
+                rid = next(self._ids)
+                self.channel().request(rid, wire.encode({"t": "stats", "id": rid, "shm_drop": names}),
+                                       time.monotonic() + 0.5, self.alive)
+            except transport.TransportError:
+                pass  # it unmaps them when it sees this process gone
 
 
 def call_header(rid: int, prep: Prepared) -> dict:
@@ -556,21 +592,24 @@ class Runtime:
             waited = time.perf_counter()
             self.link.wait_ready(self.config.ready_timeout, while_starting=True)
             rec.phases["wait_ready"] = time.perf_counter() - waited
+        unoffered = self._unoffered(spec)
+        if unoffered is not None:
+            rec.kind, rec.reason = "unsupported", unoffered
+            return rec
         call = plan.Call(spec.name, spec.family, _dtype_code(prep), prep.flops, prep.bytes_in, prep.bytes_out)
-        decision = self.planner.decide(call, [link.plan_state(None) for link in self.links])
+        decision = self.planner.decide(call, self._states(spec, [None] * len(self.links)))
         wired = None
         # Residency (issue 6): fingerprint only a remote candidate: a call that goes to a worker, or
         # one that would if its inputs were already there. Each worker is then priced for the input
         # bytes it does not hold (issue 5), and the one that holds them is preferred.
         if self.config.residency and self.links and (decision.where == "worker" or (
-                decision.remote_s is not None and self._would_offload_if_resident(call))):
+                decision.remote_s is not None and self._would_offload_if_resident(spec, call))):
             t = time.perf_counter()
             wired = _Wired(prep.arrays)
             rec.phases["fingerprint"] = time.perf_counter() - t
             held = [link.resident_bytes(wired) for link in self.links]
             if any(held):
-                decision = self.planner.decide(call, [link.plan_state(prep.bytes_in - h)
-                                                      for link, h in zip(self.links, held)])
+                decision = self.planner.decide(call, self._states(spec, [prep.bytes_in - h for h in held]))
         if self.config.policy == "auto" and decision.remote_s is not None and decision.local_s is not None and (
                 decision.where == "worker" or decision.remote_s < 2 * decision.local_s):
             # a worker is in the running for this call: its link's bandwidth is worth measuring now
@@ -624,14 +663,26 @@ class Runtime:
         link.answered.add((call.op, call.dtype))
         return Done(value, rec, prep)
 
-    def _would_offload_if_resident(self, call: plan.Call) -> bool:
+    def _would_offload_if_resident(self, spec: OpSpec, call: plan.Call) -> bool:
         """Would some ready worker take the call if it held every input? (pure: no learning)"""
-        states = [link.plan_state(0) for link in self.links]
+        states = self._states(spec, [0] * len(self.links))
         try:
             return plan.decide(self.config.policy, call, self.planner.profile, states, 0.0,
                                self.config.min_flops).where == "worker"
         except Exception:  # a planner bug: no residency for this call, never an exception
             return False
+
+    def _unoffered(self, spec: OpSpec) -> str | None:
+        """Why no worker can run this row (a numba row where no worker has numba-cuda, issue 9)."""
+        if not self.links or any(link.offers(spec.kernel_id) for link in self.links):
+            return None
+        return f"the worker has no kernel {spec.kernel_id} (numba: {self.link.info.get('numba')})"
+
+    def _states(self, spec: OpSpec, missing: list[int | None]) -> list[plan.WorkerState]:
+        """Each worker as the planner sees it for this call; one without the row's kernel is no candidate."""
+        return [link.plan_state(m) if link.offers(spec.kernel_id) else plan.WorkerState("without-kernel",
+                                                                                        name=link.url or "")
+                for link, m in zip(self.links, missing)]
 
     def _count_crash(self, op_key: tuple, exc: Exception) -> None:
         """The worker went down with this op in flight; at ``crash_limit`` it runs locally from now on."""
@@ -704,23 +755,21 @@ class Runtime:
                 call: plan.Call | None = None, decision: plan.Decision | None = None) -> Any:
         chan = link.channel()
         t0 = time.perf_counter()
-        header = call_header(rid := link.next_id(), prep)
+        header = call_header(link.next_id(), prep)
         if wired is None:
-            frames = wire.encode(header, prep.arrays)
+            items, fps, refs = [wire.to_wire(a) for a in prep.arrays], None, ()
         else:
             wired.refs = wired.refs_in(link.mirror)
             header["keep"] = True
-            frames = wire.encode_wired(header, wired.items, wired.fps, wired.refs)
-        t1 = time.perf_counter()
-        reply, arrays = chan.request(rid, frames, time.monotonic() + deadline_s, link.alive)
+            items, fps, refs = wired.items, wired.fps, wired.refs
+        reply, arrays, t1 = self._exchange(link, chan, header, items, fps, refs, prep, rec, deadline_s)
         if reply["t"] == "error" and reply.get("kind") == "missing" and wired is not None and wired.refs:
             # the mirror was stale (an eviction it did not hear of, another client): resend by value, once
             link.mirror.discard(reply.get("missing") or ())
             rec.resends += len(wired.refs)
-            header["id"] = rid = link.next_id()
+            header["id"] = link.next_id()
             before = chan.last_bytes_sent, chan.last_bytes_received
-            frames = wire.encode_wired(header, wired.items, wired.fps, ())
-            reply, arrays = chan.request(rid, frames, time.monotonic() + deadline_s, link.alive)
+            reply, arrays, _ = self._exchange(link, chan, header, items, fps, (), prep, rec, deadline_s)
             chan.last_bytes_sent += before[0]  # both round trips were on the socket
             chan.last_bytes_received += before[1]
             wired.refs = []
@@ -761,10 +810,21 @@ class Runtime:
         send = min(chan.last_send_s, on_link)
         rec.phases.update(encode=t1 - t0, send=send, transfer=on_link - send, decode=t3 - t2)
         if call is not None and decision is not None:
-            # the device model learns the kernel's time; the link model everything else of the round trip
+            # the device model learns the kernel's time; the link model everything else of the round
+            # trip, with the bytes that crossed it (socket and shared memory)
             self.planner.observed_remote(link.index, call, decision, t3 - t0, worker_s.get("kernel"),
-                                         rec.bytes_sent, rec.bytes_received)
+                                         rec.bytes_sent + rec.shm_sent, rec.bytes_received + rec.shm_received)
         return value
+
+    def _exchange(self, link: WorkerLink, chan: transport.Channel, header: dict, items: list, fps: Any,
+                  refs: Any, prep: Prepared, rec: Record, deadline_s: float) -> tuple[dict, list, float]:
+        """One request and its reply; returns (reply, arrays, when encoding ended). On a same-host
+        link the buffers go through shared memory (issue 9, :func:`transport.shm.exchange`)."""
+        ex = shmlane.exchange(chan, link.shm(), header, items, fps, refs, prep.results,
+                              time.monotonic() + deadline_s, link.alive, link.ledger.event)
+        rec.shm_sent += ex.sent
+        rec.shm_received += ex.received
+        return ex.reply, ex.arrays, ex.encoded
 
     def _assemble(self, prep: Prepared, arrays: list) -> Any:
         """NumPy's return value from the worker's arrays, after checking each is what NumPy returns."""

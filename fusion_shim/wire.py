@@ -48,6 +48,26 @@ follow the header in the order of the metas that are not references. A ``result`
 ``kept`` (the call's input fingerprints the worker now holds) and ``evicted`` (fingerprints it
 dropped from its store to make room).
 
+Shared memory (issue 9, :mod:`fusion_shim.transport.shm`), on a same-host link that negotiated it:
+
+- ``hello`` may carry ``shm``: ``{"boot": str, "probe": str, "token": str}`` (the client's boot id
+  and a probe segment holding ``token``); ``ready`` then carries ``shm``: ``{"ok": bool}`` and, when
+  not ok, ``why`` (str). Without ``"ok": true`` nothing below is sent.
+- an array meta may carry ``shm``: ``{"name": str, "offset": int}``: its bytes are in that segment
+  at that offset, and it has *no* buffer frame (like ``ref``; a meta is never both). In a ``call``
+  they are inputs in client segments (role ``i``); in a ``result``, results written into a slot the
+  call offered. Their bytes count against ``max_bytes`` like a frame's, before anything is mapped.
+- ``call`` may carry ``out_shm``: a list, one per declared result, of nil or ``{"name": str,
+  "offset": int, "nbytes": int}``: a client segment (role ``o``) the result may be written into when
+  it has exactly ``nbytes``; and ``shm_drop``: segment names the worker should unmap (any message
+  may carry it).
+- any reply may carry ``shm_mapped``: the segment names the worker mapped while handling it; the
+  client then unlinks those names.
+
+Segment names are validated (``transport.shm.NAME_RE``) and bounds-checked by the side that maps
+them; a message with ``shm`` metas where nothing was negotiated is a :class:`WireError`. Residency
+and shared memory compose: a reference stays a reference; only bytes that travel go by segment.
+
 Everything is validated before anything is allocated (:func:`decode`): the frame count (at most
 ``MAX_FRAMES``), the header's size, its types, the version, the dtype list, the rank, the shape's
 product against the frame's length, and the total against ``max_bytes`` (the worker's budget; the
@@ -62,7 +82,7 @@ the ZeroMQ frame, so a result reaches the program without another copy.
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable, NamedTuple, Sequence
 
 import msgpack
 import numpy as np
@@ -112,16 +132,21 @@ def to_wire(arr: np.ndarray) -> tuple[dict, Any]:
     return {"dtype": arr.dtype.str, "shape": list(arr.shape), "order": order}, buf
 
 
+Place = Callable[[dict, Any], "dict | None"]
+
+
 def encode(header: dict, arrays: Iterable[np.ndarray] = (), fps: Sequence[str | None] | None = None,
-           refs: Iterable[int] = ()) -> list:
+           refs: Iterable[int] = (), place: Place | None = None) -> list:
     """Header plus buffer frames for ``arrays``; the array metas go into ``header["arrays"]``.
     ``fps[i]`` tags array *i* with its fingerprint; indices in ``refs`` travel as references."""
-    return encode_wired(header, [to_wire(a) for a in arrays], fps, refs)
+    return encode_wired(header, [to_wire(a) for a in arrays], fps, refs, place)
 
 
 def encode_wired(header: dict, wired: Sequence[tuple[dict, Any]], fps: Sequence[str | None] | None = None,
-                 refs: Iterable[int] = ()) -> list:
-    """:func:`encode` for arrays already through :func:`to_wire` (the fingerprint needed them)."""
+                 refs: Iterable[int] = (), place: Place | None = None) -> list:
+    """:func:`encode` for arrays already through :func:`to_wire` (the fingerprint needed them).
+    ``place(meta, buf)`` may put a buffer into shared memory and return its ``shm`` locator (issue 9);
+    None sends it as a frame. References are never placed."""
     refs = set(refs)
     metas, bufs = [], []
     for i, (meta, buf) in enumerate(wired):
@@ -131,7 +156,11 @@ def encode_wired(header: dict, wired: Sequence[tuple[dict, Any]], fps: Sequence[
         if i in refs:
             meta = {**meta, "ref": True}
         else:
-            bufs.append(buf)
+            loc = place(meta, buf) if place is not None else None
+            if loc is None:
+                bufs.append(buf)
+            else:
+                meta = {**meta, "shm": loc}
         metas.append(meta)
     full = {"v": VERSION, **header, "arrays": metas}
     return [msgpack.packb(full, use_bin_type=True), *bufs]
@@ -209,8 +238,10 @@ def _check_meta(meta: Any, nbytes: int | None) -> tuple[np.dtype, tuple[int, ...
     return dt, shape, order
 
 
-def decode(frames: Sequence[Any], max_bytes: int = 1 << 40) -> tuple[dict, list[np.ndarray]]:
-    """Validate a message and return its header and its arrays (zero-copy views on the frames)."""
+def decode(frames: Sequence[Any], max_bytes: int = 1 << 40, segments: Any = None) -> tuple[dict, list[np.ndarray]]:
+    """Validate a message and return its header and its arrays (zero-copy views on the frames).
+    ``segments`` resolves ``shm`` metas (``segments.array(loc, dtype, shape, order)``): the worker's
+    mapper or the client's request (issue 9); without it a ``shm`` meta is an error."""
     if not frames:
         raise WireError("empty message")
     if len(frames) > MAX_FRAMES:
@@ -223,26 +254,42 @@ def decode(frames: Sequence[Any], max_bytes: int = 1 << 40) -> tuple[dict, list[
         raise WireError(f"{len(metas)} array metas, over the limit of {MAX_FRAMES - 1}")
     bufs = [_frame_bytes(f) for f in frames[1:]]
     is_ref = [isinstance(m, dict) and m.get("ref") is True for m in metas]
+    is_shm = [isinstance(m, dict) and "shm" in m for m in metas]
     if header["t"] != "call" and any(is_ref):
         raise WireError("only a call may send arrays by reference")
-    if len(metas) - sum(is_ref) != len(bufs):
-        raise WireError(f"{len(metas) - sum(is_ref)} array metas with data but {len(bufs)} buffer frames")
+    if any(is_shm):
+        if segments is None:
+            raise WireError("an array in shared memory, but shared memory was not negotiated")
+        if header["t"] not in ("call", "result") or any(r and s for r, s in zip(is_ref, is_shm)):
+            raise WireError("shared memory carries only call inputs and results, never a reference")
+    inline = [not (r or s) for r, s in zip(is_ref, is_shm)]
+    if sum(inline) != len(bufs):
+        raise WireError(f"{sum(inline)} array metas with data but {len(bufs)} buffer frames")
     total = sum(b.nbytes for b in bufs)
     if total > max_bytes:
         raise WireError(f"message carries {total} bytes, over the limit of {max_bytes}")
     frame_of = iter(bufs)
     checked = []
-    for meta, ref in zip(metas, is_ref):
+    for meta, ref, shm in zip(metas, is_ref, is_shm):
         if ref:
             checked.append((_check_meta(meta, None), None))
             _check_fp(meta.get("fp"))
+        elif shm:
+            checked.append((_check_meta(meta, None), None))
         else:
             buf = next(frame_of)
             checked.append((_check_meta(meta, buf.nbytes), buf))
+    # bytes in segments count like bytes in frames (issue 9): checked before anything is mapped
+    total += sum(math.prod(shape) * dt.itemsize for s, ((dt, shape, _), _) in zip(is_shm, checked) if s)
+    if total > max_bytes:
+        raise WireError(f"message carries {total} bytes, over the limit of {max_bytes}")
     arrays: list = []
     for meta, ((dt, shape, order), buf) in zip(metas, checked):
         if buf is None:
-            arrays.append(Ref(meta["fp"], dt, shape, order))
+            if "shm" in meta:
+                arrays.append(segments.array(meta["shm"], dt, shape, order))
+            else:
+                arrays.append(Ref(meta["fp"], dt, shape, order))
             continue
         flat = np.frombuffer(buf, dtype=dt) if buf.nbytes else np.empty(0, dt)
         arrays.append(flat.reshape(shape, order=order))

@@ -20,6 +20,10 @@ for _k in ENV_AT_START:
 # ...nor read or write the user's calibration cache (issue 5): one fresh directory per session,
 # inherited by the programs the tests launch
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="fusion-shim-test-cache-")
+# The numba.cuda kernels (issue 9) run under numba's CUDA SIMULATOR in tests, unless the differential
+# suite targets a real GPU (FUSION_DIFF_DEVICE=cuda) or the caller chose (NUMBA_ENABLE_CUDASIM=0).
+# Set before anything imports numba; worker processes the tests start inherit it.
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0" if os.environ.get("FUSION_DIFF_DEVICE", "cpu") != "cpu" else "1")
 
 
 @pytest.fixture(scope="session")

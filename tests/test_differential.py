@@ -40,6 +40,9 @@ DTYPES = ("float32", "float64", "complex64", "complex128", "int64")
 REAL_DTYPES = ("float32", "float64", "int64")
 LAYOUTS = ("C", "F", "strided", "negstride")
 ND_LAYOUTS = LAYOUTS + ("permuted",)  # for cases with 3-d and higher operands
+VEC_LAYOUTS = ("C", "strided", "negstride")  # 1-d operands: F is C
+INDEX_DTYPES = ("int64", "int32", "uint16")   # bincount's x
+INTERP_DTYPES = ("float64", "float32", "complex128")  # interp's fp (x and xp float64)
 
 
 # The worker's device: the conftest's in-process CPU worker unless FUSION_DIFF_DEVICE names another
@@ -89,6 +92,20 @@ class Maker:
 
     def __call__(self, *shape: int) -> np.ndarray:
         return lay_out(values(shape, self.dtype, self.rng), self.layout)
+
+    def index(self, n: int, top: int) -> np.ndarray:
+        """``n`` non-negative integers below ``top`` in the case's dtype (bincount's x)."""
+        return lay_out(self.rng.integers(0, top, n).astype(self.dtype), self.layout)
+
+    def curve(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """interp's (xp, fp): ``n`` increasing float64 points (the same on every call) and values
+        in the case's dtype."""
+        xp = np.sort(np.random.default_rng(7).standard_normal(n) * 2)
+        return lay_out(xp, self.layout), lay_out(values((n,), self.dtype, self.rng), self.layout)
+
+    def real(self, *shape: int) -> np.ndarray:
+        """float64 values whatever the case's dtype (interp's x)."""
+        return lay_out(values(shape, "float64", self.rng), self.layout)
 
     def wellcond(self, *shape: int) -> np.ndarray:
         """A (stack of) square matrices with a dominant diagonal: invertible, well conditioned."""
@@ -338,6 +355,30 @@ CASES: list[Case] = [
     Case("numpy.fft.ifft2", "3d_axes", lambda m: args(m(3, 8, 16), axes=(0, 1)), size=128, layouts=ND_LAYOUTS),
     Case("numpy.fft.ifft2", "norm_ortho", lambda m: args(m(8, 16), norm="ortho"), size=128),
     Case("numpy.fft.ifft2", "norm_backward", lambda m: args(m(8, 16), norm="backward"), size=128),
+] + [
+    # --- issue 9: rows with numba.cuda kernels (under numba's CUDA SIMULATOR on the CPU: see conftest) ---
+    Case("numpy.bincount", "counts", lambda m: args(m.index(60, 20)), dtypes=INDEX_DTYPES, layouts=VEC_LAYOUTS),
+    Case("numpy.bincount", "minlength", lambda m: args(m.index(60, 20), minlength=40), dtypes=INDEX_DTYPES,
+         layouts=VEC_LAYOUTS),
+    Case("numpy.bincount", "weights", lambda m: args(m.index(60, 20), weights=lay_out(values((60,), "float64", m.rng),
+                                                                                      m.layout)),
+         dtypes=INDEX_DTYPES, layouts=VEC_LAYOUTS, size=60),
+    Case("numpy.bincount", "int_weights", lambda m: args(m.index(60, 5), weights=m.index(60, 9)),
+         dtypes=INDEX_DTYPES, layouts=VEC_LAYOUTS),
+    Case("numpy.interp", "2d_x", lambda m: args(m.real(3, 7) * 2, *m.curve(20)), dtypes=INTERP_DTYPES, size=20,
+         layouts=LAYOUTS),
+    Case("numpy.interp", "left_right", lambda m: args(m.real(40) * 3, *m.curve(12), left=-7.0, right=9),
+         dtypes=INTERP_DTYPES, layouts=VEC_LAYOUTS, size=12),
+    Case("numpy.interp", "on_the_points", lambda m: args(m.curve(12)[0], *m.curve(12)),
+         dtypes=INTERP_DTYPES, layouts=VEC_LAYOUTS, size=12),
+] + [
+    Case(name, f"{mode}{'_swapped' if swap else ''}",
+         (lambda mode, swap: lambda m: args(*((m(5), m(11)) if swap else (m(11), m(5))), mode=mode))(mode, swap),
+         layouts=VEC_LAYOUTS, size=11)
+    for name in ("numpy.convolve", "numpy.correlate") for mode in ("full", "same", "valid") for swap in (False, True)
+] + [
+    Case("numpy.correlate", "default_mode_equal_lengths", lambda m: args(m(9), m(9)), layouts=VEC_LAYOUTS, size=9),
+    Case("numpy.convolve", "default_mode_length_one", lambda m: args(m(9), m(1)), layouts=("C",), size=1),
 ]
 
 

@@ -38,7 +38,7 @@ from fusion_shim.intercept import bypassed
 scipy_linalg = pytest.importorskip("scipy.linalg")
 scipy_fft = pytest.importorskip("scipy.fft")
 
-# per row, in process: 69 rows -> 3,450 generated calls. A longer soak, not for CI:
+# per row, in process: 73 rows -> 3,650 generated calls. A longer soak, not for CI:
 # FUSION_HYPOTHESIS_EXAMPLES=1000 FUSION_HYPOTHESIS_SEED=7 python -m pytest tests/test_hypothesis_catalog.py
 EXAMPLES = int(os.environ.get("FUSION_HYPOTHESIS_EXAMPLES", "50"))
 SEED = os.environ.get("FUSION_HYPOTHESIS_SEED")  # set: random (not derandomized) generation from it
@@ -725,6 +725,52 @@ def s_s_expm(d: Draw) -> Call:
                 local_ok=n == 1 or d.odd())
 
 
+# issue 9: the rows with numba.cuda kernels (under numba's CUDA SIMULATOR here: see conftest)
+INDEX = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+def s_bincount(d: Draw) -> Call:
+    n, dt = d.int(1, 40), d.pick(INDEX)
+    x = d.rng.integers(0, 2 if dt == "bool" else d.int(1, 30), n).astype(dt)
+    if np.dtype(dt).kind == "i" and d.coin(0.1):
+        x[d.int(0, n - 1)] = -1  # NumPy raises ValueError; so must the shim
+    kw: dict = {}
+    if d.coin(0.3):
+        kw["minlength"] = d.int(0, 40)
+    if d.coin(0.5):  # complex weights: NumPy raises TypeError (no safe cast to float64)
+        kw["weights"] = d.array((n,), d.pick(("float64", "float32", "int64", "int32", "complex128")))
+    # uint64 has no safe cast to intp: the rule leaves it to NumPy (which checks the values itself)
+    return Call((d.layout(x),), kw, size=n, local_ok=dt == "uint64")
+
+
+def s_correlate(name: str) -> Callable[[Draw], Call]:
+    def strategy(d: Draw) -> Call:
+        ta, tb = _dt2(d)
+        a, v = d.array((d.int(1, 20),), ta), d.array((d.int(1, 20),), tb)
+        mode = d.pick([None, "full", "same", "valid"])
+        return Call((a, v), {} if mode is None else {"mode": mode}, size=min(a.size, v.size))
+    return strategy
+
+
+def s_interp(d: Draw) -> Call:
+    n = d.int(1, 12)
+    xp = np.cumsum(d.rng.uniform(0.1, 1.0, n)) - n / 3  # strictly increasing
+    fp = d.array((n,), d.pick(("float64", "float32", "complex128", "int64")))
+    x = d.rng.uniform(xp[0] - 1, xp[-1] + 1, d.batch(2) + ((d.int(1, 9),) if d.coin(0.8) else ()))
+    if x.ndim and d.coin(0.3):
+        x.reshape(-1)[0] = xp[d.int(0, n - 1)]  # exactly on a point
+    nan = x.ndim > 0 and d.coin(0.05)
+    if nan:
+        x.reshape(-1)[-1] = np.nan  # left to NumPy (its NaN search), with the reason
+    x = d.layout(x.astype(d.pick(("float64", "float32"))))
+    kw: dict = {}
+    if d.coin(0.3):
+        kw["left"] = float(d.int(-5, 5))
+    if d.coin(0.3):
+        kw["right"] = d.pick([9.0, -1, 2.5])
+    return Call((x, d.layout(xp), fp), kw, size=n, local_ok=nan)
+
+
 # --- the table: every catalog row, its strategy and its check --------------------------------------
 
 STRATEGIES: dict[str, Callable[[Draw], Call]] = {
@@ -782,6 +828,10 @@ STRATEGIES: dict[str, Callable[[Draw], Call]] = {
     "scipy.linalg.expm": s_s_expm,
     **{f"scipy.fft.{k}": s_fft1(k, scipy=True) for k in ("fft", "ifft", "rfft", "irfft")},
     **{f"scipy.fft.{k}": s_fftn(k, scipy=True) for k in ("fft2", "fftn")},
+    "numpy.bincount": s_bincount,
+    "numpy.convolve": s_correlate("convolve"),
+    "numpy.correlate": s_correlate("correlate"),
+    "numpy.interp": s_interp,
 }
 
 # checks that differ from "values" by row (the strategy's own choice wins when it names one)

@@ -17,7 +17,7 @@ import pytest
 import fusion_shim
 from test_hypothesis_catalog import RECORDS, STRATEGIES, run_row
 
-EXAMPLES = 6  # per row: 69 rows -> 414 calls over the socket
+EXAMPLES = 6  # per row: 73 rows -> 438 calls over the socket
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,8 @@ def socket_worker():
 @pytest.fixture(scope="module")
 def shim(socket_worker):
     proc, url = socket_worker
-    rt = fusion_shim.install(policy="remote", worker=url, quiet=True, timeout=30.0, ready_timeout=60.0)
+    # the socket lane: every buffer crosses ZeroMQ (shared memory, issue 9, is tests/test_shm_differential.py)
+    rt = fusion_shim.install(policy="remote", worker=url, quiet=True, timeout=30.0, ready_timeout=60.0, shm="0")
     assert rt.link.wait_ready(60), f"worker subprocess never became ready: {rt.ledger.events}"
     assert rt.link.info.get("pid") == proc.pid, "answered by some other worker"
     yield rt

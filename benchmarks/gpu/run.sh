@@ -118,7 +118,7 @@ if [ "$QUICK" = 1 ]; then
 else
   step fidelity 120 "${PYTEST[@]}" tests/test_gpu_fidelity.py --junitxml="$WORK/fidelity.xml"
   step workloads 200 "$PYTHON" benchmarks/gpu/workloads.py --device "$DEVICE" --timeout 90 --out "$OUT/workloads.json"
-  [ -f benchmarks/bench_shm.py ] && step shm 60 "${PYTEST[@]}" benchmarks/bench_shm.py --benchmark-only -s --benchmark-json="$WORK/shm.json"
+  step shm 60 "${PYTEST[@]}" benchmarks/bench_shm.py --benchmark-only -s --benchmark-json="$WORK/shm.json"
   export FUSION_DIFF_DEVICE="$DEVICE"
   step diff "$(left)" "${PYTEST[@]}" tests/test_differential.py --junitxml="$WORK/diff.xml" --maxfail=50
   unset FUSION_DIFF_DEVICE

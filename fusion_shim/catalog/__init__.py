@@ -6,7 +6,9 @@ other parameters its rule understands, which kernel the worker runs, and which m
 patches it. Its *rule* turns a call into a :class:`Prepared` call or raises :class:`Unsupported`
 with the reason the call runs locally (see :mod:`.base`). Adding an op is adding a row, a rule if
 no existing one fits, and a kernel on the worker. Rows live by family in :mod:`.products`,
-:mod:`.linalg`, :mod:`.fft` and :mod:`.scipy`.
+:mod:`.linalg`, :mod:`.fft` and :mod:`.scipy`; :mod:`.numba` holds the rows whose kernels are
+written with numba.cuda (issue 9: bincount, convolve, correlate, interp), offered only by a worker
+that can run them.
 
 Every public function of numpy.linalg and numpy.fft is a row or is listed in
 :data:`NOT_OFFLOADED` with the reason it stays local (a test holds the two together). Each row is
@@ -17,14 +19,14 @@ from __future__ import annotations
 import inspect
 from typing import Any, Callable
 
-from . import fft, linalg, products, scipy
+from . import fft, linalg, numba, products, scipy
 from .base import OpSpec, Prepared, Unsupported
 from .products import OPERATOR_SIGNATURES, OPERATORS
 
 __all__ = ["BY_NAME", "CATALOG", "NOT_OFFLOADED", "OPERATORS", "OPERATOR_SIGNATURES", "OpSpec", "Prepared",
            "Unsupported", "check_signature", "prepare"]
 
-CATALOG: tuple[OpSpec, ...] = products.ROWS + linalg.ROWS + fft.ROWS + scipy.ROWS
+CATALOG: tuple[OpSpec, ...] = products.ROWS + linalg.ROWS + fft.ROWS + scipy.ROWS + numba.ROWS
 BY_NAME = {spec.name: spec for spec in CATALOG}
 
 # Public functions of numpy.linalg and numpy.fft that are not rows, and why. (LinAlgError is an

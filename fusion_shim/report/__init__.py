@@ -12,7 +12,8 @@ JSON schema ``fusion_shim.report/1`` (a map):
   ``unsupported`` (arguments the row cannot offload), ``fallback`` (meant for the worker, computed
   here after a fault or while it was not ready), ``below_floor`` (kept local by the size floor,
   counted only), ``verified`` and ``mismatches`` (checked answers), ``bytes_sent`` and
-  ``bytes_received`` (counted at the socket, headers included), ``resident_hits``, ``bytes_saved``,
+  ``bytes_received`` (counted at the socket, headers included), ``shm_sent`` and ``shm_received``
+  (buffer bytes that went through shared memory instead, issue 9), ``resident_hits``, ``bytes_saved``,
   ``resends``, ``evictions`` (residency), ``wall_s``, ``phases`` (seconds per
   phase, see ``ledger.PHASES``; ``verify`` is the checks' own time, outside ``wall_s``), ``reasons``;
 - ``operators``: ``intercepted`` (bool: whether ``a @ b``, ``a @= b`` and ``a.dot(b)`` on ndarrays go
@@ -113,6 +114,8 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
                       for k in ("resident_hits", "bytes_saved", "resends", "evictions")},
         "bytes_sent": sum(o["bytes_sent"] for o in ops.values()),
         "bytes_received": sum(o["bytes_received"] for o in ops.values()),
+        "shm_sent": sum(o.get("shm_sent", 0) for o in ops.values()),
+        "shm_received": sum(o.get("shm_received", 0) for o in ops.values()),
         "vs_all_local": {
             "saved_measured_s": saved_measured, "calls_measured": n_measured,
             "saved_estimated_s": saved_estimated, "calls_estimated": n_estimated,
@@ -198,6 +201,8 @@ def format_table(report: dict[str, Any]) -> str:
                  f"({c['local'] + c['unsupported'] + c['fallback']} calls, {c['below_floor']} more below the floor)")
     lines.append(f"  waiting for a cold worker: {_ms(sm['time_waiting_for_cold_worker_s'])}")
     lines.append(f"  bytes moved: sent {_mb(sm['bytes_sent'])}, received {_mb(sm['bytes_received'])}")
+    if sm.get("shm_sent") or sm.get("shm_received"):  # issue 9: the same-host lane
+        lines.append(f"  through shared memory: sent {_mb(sm['shm_sent'])}, received {_mb(sm['shm_received'])}")
     res = sm.get("residency") or {}
     if res.get("resident_hits") or res.get("resends") or res.get("evictions"):
         lines.append(f"  resident on the worker: {res['resident_hits']} inputs sent by reference "

@@ -2,6 +2,9 @@
 ``ipc://`` (a unix socket, the embedded worker) and ``tcp://`` (a worker on another host). All three
 are ZeroMQ: the client holds a DEALER socket per thread, the worker one ROUTER.
 
+On the same host, buffers can bypass the socket through shared memory (issue 9): :mod:`.shm`; the
+socket still carries every header, and stays the fallback.
+
 The one operation a caller needs is :meth:`Channel.request`: send a message and wait, up to a
 deadline, for the reply that carries the same request id. Failures are grouped by what the caller
 can do about them: every :class:`TransportError` means "compute locally and record why".
@@ -237,8 +240,11 @@ class Channel:
         frames: Sequence[Any],
         deadline: float,
         alive: Callable[[], bool] | None = None,
+        segments: Any = None,
     ) -> tuple[dict, list]:
-        """Send ``frames`` and return the decoded reply with id ``rid``; raise TransportError."""
+        """Send ``frames`` and return the decoded reply with id ``rid``; raise TransportError.
+        ``segments`` resolves results in shared memory (issue 9, :mod:`.shm`): only for this
+        request's own reply, so a late reply to another is dropped before its arrays are looked at."""
         try:
             # what the data socket's monitor says before the request leaves is not about it
             # (~2 us when it has nothing); a connection known to be down cannot carry it
@@ -250,11 +256,12 @@ class Channel:
             self.last_bytes_sent = send_frames(self.sock, frames)
             self.last_send_s = time.perf_counter() - t
             self.last_bytes_received = 0
-            return self._wait(rid, deadline, alive, mark)
+            return self._wait(rid, deadline, alive, mark, segments)
         except zmq.ZMQError as exc:
             raise TransportError(f"socket error: {exc}") from None
 
-    def _wait(self, rid: int, deadline: float, alive: Callable[[], bool] | None, mark: int) -> tuple[dict, list]:
+    def _wait(self, rid: int, deadline: float, alive: Callable[[], bool] | None, mark: int,
+              segments: Any = None) -> tuple[dict, list]:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -270,7 +277,9 @@ class Channel:
             reply = self.sock.recv_multipart(copy=False)
             self.last_bytes_received += sum(frame_bytes(f) for f in reply)
             try:
-                header, arrays = wire.decode(reply)
+                if segments is not None and wire.decode_header(reply[0])["id"] != rid:
+                    continue  # a late reply to a request abandoned earlier: drop it unread
+                header, arrays = wire.decode(reply, segments=segments)
             except wire.WireError as exc:
                 raise BadReply(str(exc)) from None
             if header["id"] != rid:

@@ -21,28 +21,38 @@ Issue 6 (residency): inputs a client tags with a fingerprint and results of at l
 ``residency.RESIDENT_MIN`` bytes stay on the device in :class:`.store.ResidentStore`; a reference
 the store does not hold is answered ``missing``. A backend without ``to_device`` / ``compute`` /
 ``to_host`` (a test backend) keeps nothing and answers every reference ``missing``.
+
+Issue 9: on a same-host link (``ipc://``, ``inproc://``) clients may put buffers in shared memory
+(:mod:`fusion_shim.transport.shm`): inputs are read from the client's segments (staged to a GPU
+through pinned memory), results are written into the slots a call offers, and the segments of a
+client that died are swept while idle. Kernels written with numba.cuda (:mod:`.numba_kernels`) join
+torch's where they can run; ``ready`` lists the kernels this worker has.
 """
 from __future__ import annotations
 
 import gc
+import math
 import os
 import sys
 import threading
 import time
 from typing import Any
 
+import msgpack
 import numpy as np
 import zmq
 
 from .. import wire
 from ..residency import RESIDENT_MIN, fingerprint
-from ..transport import context, is_loopback, send_frames
+from ..transport import check_url, context, is_loopback, send_frames
+from ..transport import shm as shmlane
 from .store import ResidentStore, default_budget
 
 MAX_MESSAGE_BYTES = 1 << 36
 ALIGN = 16  # bytes: inputs a CPU kernel reads in place start at a multiple of this
 # FFT sizes name an output length: each must fit the declared results (rfft gives n // 2 + 1)
-SIZE_PARAMS = {"fft.": ("n", "s")}
+# (numba kernels, issue 9: bincount's number of bins, correlate's output length)
+SIZE_PARAMS = {"fft.": ("n", "s"), "numba.bincount": ("n",), "numba.correlate": ("length",)}
 _HEALTH_A = np.array([[1.0, 2.0], [3.0, 4.0]])
 _HEALTH_B = np.array([[5.0, 6.0], [7.0, 8.0]])
 _HEALTH_AB = np.array([[19.0, 22.0], [43.0, 50.0]])  # exact in binary floating point
@@ -55,10 +65,14 @@ class Worker:
     def __init__(self, device: str = "auto", test_delay: float = 0.0, test_corrupt: bool = False,
                  memory_budget: int | None = None, *, max_bytes: int = MAX_MESSAGE_BYTES,
                  backend: Any = None, kernels: dict | None = None):
+        self.numba = "unavailable: a test backend"
         if backend is None:
             from .kernels import KERNELS, TorchBackend  # torch only here, on the worker side
+            from .numba_kernels import numba_kernels
 
-            backend, kernels = TorchBackend(device), KERNELS
+            backend = TorchBackend(device)
+            extra, self.numba = numba_kernels(backend.device.type)  # issue 9: where they can run
+            kernels = {**KERNELS, **extra}
         self.kernels = kernels
         self.backend = backend
         self.max_bytes = max_bytes
@@ -71,13 +85,27 @@ class Worker:
         budget = memory_budget if memory_budget is not None else (
             default_budget(backend.device) if self.resident else 0)
         self.store = ResidentStore(budget)
+        self.shm: shmlane.ShmMapper | None = None  # clients' segments, on a same-host link (issue 9)
+
+    def enable_shm(self, url: str) -> None:
+        """Offer the shared-memory lane to clients of ``url``: same-host schemes only, never tcp."""
+        if check_url(url) in ("ipc", "inproc") and shmlane.available():
+            self.shm = shmlane.ShmMapper()
+
+    def idle(self) -> None:
+        if self.shm is not None:
+            self.shm.sweep()
 
     def warm(self) -> None:
+        if self.numba == "simulator":  # issue 9: never mistaken for a GPU run
+            print("fusion_shim worker: numba kernels run under numba's CUDA SIMULATOR (NUMBA_ENABLE_CUDASIM=1): "
+                  "for tests only, far slower than NumPy", file=sys.stderr, flush=True)
         bench = self.backend.warm()
         torch = sys.modules.get("torch")  # loaded by the torch backend; a test backend has none
         self.info = {"pid": os.getpid(), "device": str(self.backend.device),
                      "torch": getattr(torch, "__version__", "none"), "bench": bench, "test_delay": self.test_delay,
-                     "test_corrupt": self.test_corrupt, "memory_budget": self.store.budget}
+                     "test_corrupt": self.test_corrupt, "memory_budget": self.store.budget,
+                     "numba": self.numba, "kernels": sorted(self.kernels)}
 
     def health(self) -> str | None:
         """A small matmul through the call path (to the device and back), its answer checked
@@ -92,21 +120,36 @@ class Worker:
 
     def handle(self, frames: list) -> list:
         """One request in, one reply out; never raises."""
+        reply = self._handle(frames)
+        if self.shm is not None:
+            mapped = self.shm.take_new()
+            if mapped:  # the client may now unlink these names (issue 9)
+                reply = _amend(reply, shm_mapped=mapped)
+        return reply
+
+    def _handle(self, frames: list) -> list:
         rid = 0
         self.last_was_call = False
         try:
-            header, arrays = wire.decode(frames, max_bytes=self.max_bytes)
+            if self.shm is not None and frames:
+                self.shm.drop(wire.decode_header(frames[0]).get("shm_drop"))
+            header, arrays = wire.decode(frames, max_bytes=self.max_bytes, segments=self.shm)
             rid = header["id"]
             kind = header["t"]
             self.last_was_call = kind == "call"
             if kind == "stats":
-                return wire.encode({"t": "stats", "id": rid, **self.traffic, **self.store.stats()})
+                shm_stats = {**self.shm.stats, "shm_live": len(self.shm)} if self.shm is not None else {}
+                return wire.encode({"t": "stats", "id": rid, **self.traffic, **self.store.stats(), **shm_stats})
             if kind == "hello":
                 t = time.perf_counter()
                 sick = self.health()
                 if sick is not None:
                     return _error(rid, "unhealthy", "HealthCheck", sick)
-                return wire.encode({"t": "ready", "id": rid, **self.info, "health_s": time.perf_counter() - t})
+                extra = {}
+                if "shm" in header:
+                    extra["shm"] = (self.shm.answer_probe(header["shm"]) if self.shm is not None
+                                    else {"ok": False, "why": "this worker's link is not same-host (ipc://)"})
+                return wire.encode({"t": "ready", "id": rid, **self.info, **extra, "health_s": time.perf_counter() - t})
             if kind != "call":
                 return _error(rid, "bad_request", "WireError", f"a worker does not accept {kind!r}")
             return self._call(rid, header, arrays)
@@ -131,12 +174,19 @@ class Worker:
         too_big = _size_params_over(header["op"], params, declared)
         if too_big:
             return _error(rid, "bad_request", "WireError", too_big)
+        slots = header.get("out_shm") if self.shm is not None else None
+        if not isinstance(slots, list) or len(slots) != len(declared):
+            slots = [None] * len(declared)
+        # result slots in the client's segments (issue 9), mapped before the kernel: a bad one is
+        # a bad request, and a result is written straight into its slot
+        dests = [self.shm.out_view(slot, math.prod(shape) * dt.itemsize) if slot is not None else None
+                 for slot, (dt, shape) in zip(slots, declared)]
         if self.test_delay:
             time.sleep(self.test_delay)
         extra: dict[str, Any] = {}
         try:
             if self.resident:
-                results, timing, extra = self._run_resident(kernel, header, arrays, params, layouts)
+                results, timing, extra = self._run_resident(kernel, header, arrays, params, layouts, dests)
                 if "missing" in extra:
                     return _error(rid, "missing", "KeyError", f"{len(extra['missing'])} inputs are not held here",
                                   missing=extra["missing"])
@@ -158,31 +208,36 @@ class Worker:
         fps = extra.pop("fps", None)
         if self.test_corrupt:
             results, fps = [_corrupt(r) for r in results], None
-        return wire.encode({"t": "result", "id": rid, "timing": timing, **extra}, results, fps=fps)
+        it = iter(_place(results, dests, slots))
+        return wire.encode({"t": "result", "id": rid, "timing": timing, **extra}, results, fps=fps,
+                           place=lambda meta, buf: next(it))
 
     def _run_resident(self, kernel: Any, header: dict, arrays: list, params: dict,
-                      layouts: list) -> tuple[list, dict, dict]:
+                      layouts: list, dests: list) -> tuple[list, dict, dict]:
         """Inputs from the store or the message, the kernel on the device, results kept when asked
         (issue 6). Out of memory: the store is emptied but for this call's inputs, and the call
         runs once more (issue 8)."""
         metas = header["arrays"]
         t0 = time.perf_counter()
         tensors, missing = [], []
-        for a in arrays:
+        for meta, a in zip(metas, arrays):
             if isinstance(a, wire.Ref):
                 t = self.store.get(a.fp, {"dtype": a.dtype.str, "shape": list(a.shape), "order": a.order})
                 if t is None:
                     missing.append(a.fp)
                 tensors.append(t)
+            elif "shm" in meta:  # in a client's segment (issue 9): staged through pinned memory on a GPU
+                tensors.append(self.backend.to_device(a, staged=True))
             else:
                 tensors.append(self.backend.to_device(a))
         if missing:
+            self.backend.sync()  # staged copies (issue 9) land before their pinned buffers are reused
             return [], {}, {"missing": missing}
         held = {m["fp"] for m in metas if "fp" in m}  # this call's inputs: never evicted by it
         evicted: list = []
         for meta, a, t in zip(metas, arrays, tensors):
             if "fp" in meta and not isinstance(a, wire.Ref):
-                evicted += self.store.put(meta["fp"], t, meta, held)
+                evicted += self.store.put(meta["fp"], self._owned(t), meta, held)
         self.backend.sync()
         t1 = time.perf_counter()
         timing: dict[str, float] = {}
@@ -197,7 +252,7 @@ class Worker:
             timing["oom_retry"] = 1.0
         self.backend.sync()
         t2 = time.perf_counter()
-        out = self.backend.to_host(results)
+        out = self.backend.to_host(results, dests)
         t3 = time.perf_counter()
         timing.update(h2d=t1 - t0, kernel=t2 - t1, d2h=t3 - t2)
         extra: dict[str, Any] = {"evicted": evicted}
@@ -215,9 +270,16 @@ class Worker:
                 continue
             meta, buf = wire.to_wire(host)
             fp = fingerprint(meta, buf)
-            evicted = evicted + self.store.put(fp, dev, meta, held)
+            evicted = evicted + self.store.put(fp, self._owned(dev), meta, held)
             fps.append(fp if fp in self.store else None)  # too large for the budget: not kept
         return fps, evicted
+
+    def _owned(self, t: Any) -> Any:
+        """A tensor the store may keep: on the CPU an input (or a result that is one) can be a view
+        on a client's segment, which the client reuses after the reply (issue 9): a copy of those."""
+        if self.shm is not None and t.device.type == "cpu" and self.shm.aliases(t.data_ptr()):
+            return t.clone()
+        return t
 
     def _run(self, kernel: Any, arrays: list, params: dict, layouts: list) -> tuple[list, dict]:
         """Run once; out of memory: free what can be freed and run once more (issue 8)."""
@@ -294,6 +356,27 @@ def _corrupt(a: Any) -> Any:
     return a
 
 
+def _place(out: list, dests: list, slots: list) -> list:
+    """The ``shm`` locator of each result written into its slot (copied there unless the backend
+    wrote it in place), or None for a result that travels inline (issue 9)."""
+    locs = []
+    for host, dest, slot in zip(out, dests, slots):
+        if dest is None or not (host.flags.c_contiguous or host.flags.f_contiguous) or host.nbytes != dest.nbytes:
+            locs.append(None)
+            continue
+        if host.ctypes.data != dest.ctypes.data:
+            dest[:] = host.reshape(-1, order="A").view(np.uint8)
+        locs.append({"name": slot["name"], "offset": slot["offset"]})
+    return locs
+
+
+def _amend(frames: list, **extra: Any) -> list:
+    """A reply with more header keys (re-packs only the header frame)."""
+    header = msgpack.unpackb(frames[0], raw=False)
+    header.update(extra)
+    return [msgpack.packb(header, use_bin_type=True), *frames[1:]]
+
+
 def _error(rid: int, kind: str, exc: str, msg: str, **extra: Any) -> list:
     return wire.encode({"t": "error", "id": rid, "kind": kind, "exc": exc, "msg": msg, **extra})
 
@@ -337,12 +420,14 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
         if auth is not None:
             auth.stop()
         raise
+    worker.enable_shm(url)
     if ready is not None:
         ready.set()
     try:
         worker.warm()  # hellos that arrive meanwhile wait in the socket: nobody is told "ready" early
         while stop is None or not stop.is_set():
             if not sock.poll(200):
+                worker.idle()
                 if parent_pid is not None and not _alive(parent_pid):
                     return  # the embedded worker's client is gone: do not linger as an orphan
                 continue
@@ -362,6 +447,8 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
                 print(f"fusion_shim worker: reply not sent: {exc}", file=sys.stderr)
     finally:
         sock.close(linger=0)
+        if worker.shm is not None:
+            worker.shm.sweep(force=True)  # names left by clients that died (issue 9)
         if auth is not None:
             auth.stop()
         if keys is not None:

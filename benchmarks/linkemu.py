@@ -299,7 +299,7 @@ def serve_main(url: str, device: str) -> None:
     """TEST HARNESS ONLY: a worker on an address inside a namespace this harness created."""
     from fusion_shim.worker.server import Worker, serve
 
-    serve(url, Worker(device), allow_network=True)
+    serve(url, Worker(device), insecure=True)  # labelled: an address inside the harness's own namespace
 
 
 def main(argv: list[str]) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -498,6 +499,9 @@ class Runtime:
         self.planner.on_floors = self._publish_floor
         self.links: list[WorkerLink] = []
         self._inflight_lock = threading.Lock()
+        self._bg_lock = threading.Lock()
+        self._bg_queue: "queue.SimpleQueue | None" = None
+        self._bg_pid = 0
         # whether `@`, `@=` and `.dot` are intercepted, and why not (set by intercept, issue 3)
         self.operators: dict[str, Any] = {"intercepted": False, "why": "not installed", "fast_path": "wrapt"}
         self.link: WorkerLink | None = None
@@ -545,15 +549,26 @@ class Runtime:
                 intercept.native.publish_floor(floor_bytes)
 
     def _background(self, fn: Any, name: str) -> None:
-        """Run ``fn`` on a daemon thread whose NumPy calls are not intercepted (calibration probes)."""
-        def run() -> None:
-            self.guard.busy = True
+        """Run ``fn`` on the shim's background thread, whose NumPy calls are not intercepted
+        (calibration probes, every floor at once). One thread for the run, started on first use:
+        starting a thread waits for it to run, which on a busy 2-core machine cost milliseconds."""
+        with self._bg_lock:
+            if self._bg_queue is None or self._bg_pid != os.getpid():  # a forked child starts its own
+                self._bg_queue, self._bg_pid = queue.SimpleQueue(), os.getpid()
+                threading.Thread(target=self._background_loop, args=(self._bg_queue,), name="fusion-shim-background",
+                                 daemon=True).start()
+            self._bg_queue.put((fn, name))
+
+    def _background_loop(self, jobs: "queue.SimpleQueue") -> None:
+        self.guard.busy = True
+        while True:
+            fn, name = jobs.get()
+            if fn is None:
+                return
             try:
                 fn()
             except Exception as exc:  # a failed probe leaves the priors in place; say so
                 self.ledger.event(f"{name} failed: {type(exc).__name__}: {exc}")
-
-        threading.Thread(target=run, name=name, daemon=True).start()
 
     # -- the slow path: one intercepted call that is a candidate ----------------------------------
     def call(self, spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict) -> Done | Record | None:
@@ -874,6 +889,10 @@ class Runtime:
     def shutdown(self) -> None:
         for link in self.links:
             link.stop()
+        with self._bg_lock:
+            if self._bg_queue is not None and self._bg_pid == os.getpid():
+                self._bg_queue.put((None, ""))  # the background thread ends after its current job
+                self._bg_queue = None
 
 
 class _Wired:

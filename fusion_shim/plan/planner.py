@@ -4,8 +4,9 @@ first use, and the per-op floors the interceptor reads.
 The runtime owns one Planner. It calls :meth:`Planner.decide` on the application's thread (a few
 microseconds: dictionary reads and arithmetic), :meth:`observed_local` / :meth:`observed_remote`
 after each call it recorded, and :meth:`worker_ready` / :meth:`worker_down` from its link threads.
-Work that takes milliseconds (calibration probes, recomputing the floors) runs only on background
-threads the runtime provides (``background``), never on the application's critical path.
+Work that takes milliseconds (calibration probes, recomputing every op's floor) runs only on the
+background thread the runtime provides (``background``), never on the application's critical
+path; one op's floor after its first measurements here is 0.1 ms of arithmetic, done inline.
 
 Exploration budget: ``EXPLORE_FRACTION`` of the intercepted time recorded so far, minus what
 explored calls cost over the prediction for the place not taken.
@@ -64,7 +65,7 @@ class Planner:
         self._wanted: set[tuple[str, str]] = set()
         self._queue: list[tuple[str, str]] = []
         self._probed: set[tuple[str, str]] = set()  # probed, queued, or read from the cache
-        self._floors_pending = False
+        self._computed: set[str] = set()  # ops whose floor the models have produced (floor_bytes: their minimum)
         self._calibrating = False
         # one cell per op, read by the interceptor's fast path without a lock: [floor in bytes]
         start = 0 if policy == "remote" else FLOOR_BYTES
@@ -105,7 +106,7 @@ class Planner:
         if msg:
             self._reset(msg, call.family, call.dtype, local=True)
         if first:  # the first measurements of an op here can move its floor a long way
-            self._refresh_floors_soon()
+            self._refresh_floor(call.op, call.family)
 
     @_never_raises
     def measured_local(self, call: Call, seconds: float) -> None:
@@ -266,21 +267,27 @@ class Planner:
             self.cache.drop(family, dtype)  # the cached curve may be what is wrong: measure next run
 
     # -- the floors ---------------------------------------------------------------------------------
-    def _refresh_floors_soon(self) -> None:
-        """Recompute the floors on a background thread, once at a time (never on the app's thread)."""
-        if self.policy != "auto" or self.background is None:
+    def _refresh_floor(self, op: str, family: str) -> None:
+        """One op's floor, after one of its first measurements here: about 0.1 ms of arithmetic,
+        done inline (a thread per refresh cost a short program more: starting one waits for the
+        GIL while BLAS holds both cores). Nothing before a worker is ready: its readiness
+        refreshes every floor."""
+        if self.policy != "auto":
             return
         with self.lock:
-            if self._floors_pending:
-                return
-            self._floors_pending = True
+            ready = sorted(self.ready)
+        if not ready:
+            return
+        value = floors(self.profile, ready, inputs_free=self.inputs_may_be_resident, ops={op: family})[op]
+        self.floor_cells[op][0] = value
+        self._computed.add(op)
+        self._set_floor_bytes(min(self.floor_cells[o][0] for o in list(self._computed)))
 
-        def run() -> None:
-            with self.lock:
-                self._floors_pending = False
-            self.refresh_floors()
-
-        self.background(run, "fusion-shim-floors")
+    def _set_floor_bytes(self, low: int) -> None:
+        changed = low != self.floor_bytes
+        self.floor_bytes = low
+        if changed and self.on_floors is not None:
+            self.on_floors(low)
 
     def refresh_floors(self) -> None:
         """Recompute every op's floor from the models (about 10 ms: call it off the app's thread)."""
@@ -291,9 +298,8 @@ class Planner:
         new = floors(self.profile, ready or None, inputs_free=self.inputs_may_be_resident, ops=self.ops)
         for op, value in new.items():
             self.floor_cells[op][0] = value
-        self.floor_bytes = min(new.values())
-        if self.on_floors is not None:
-            self.on_floors(self.floor_bytes)
+        self._computed.update(new)
+        self._set_floor_bytes(min(self.floor_cells[o][0] for o in list(self._computed)))
 
     def describe_floors(self) -> str:
         parts = []

@@ -805,9 +805,11 @@ class TorchBackend:
             torch.matmul(m, m)
             torch.fft.fft(m)
         big = dev.type == "cuda"  # a GPU reaches its rate only on larger problems
-        # up to ~20 ms a probe on a 2-core CPU: rates read far beyond the sizes measured are uncertain
-        sizes = {"products": (128, 512, 4096 if big else 1024), "linalg": (128, 384, 2048 if big else 768),
-                 "fft": (1 << 12, 1 << 16, 1 << 22 if big else 1 << 20)}
+        # a CPU worker shares its CPUs with the program under ``auto`` (a cold start warms while the
+        # program runs): two small sizes, about 0.2 s in all; rates read beyond the sizes measured
+        # carry more uncertainty (plan.model), and the worker's measured calls correct them
+        sizes = ({"products": (128, 512, 4096), "linalg": (128, 384, 2048), "fft": (1 << 12, 1 << 16, 1 << 22)} if big
+                 else {"products": (128, 384), "linalg": (96, 256), "fft": (1 << 12, 1 << 15)})
         points: dict[str, list] = {}
         rates: dict[str, float] = {}
         gen = torch.Generator(device="cpu").manual_seed(0)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,12 +54,14 @@ def test_planner(benchmark, condition):
     benchmark.pedantic(once, rounds=1, iterations=1)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"planner-{condition}.json").write_text(json.dumps(
-        {"started": "", "host": os.uname().nodename, "cpus": os.cpu_count(), "reps": REPS,
+        {"started": time.strftime("%Y-%m-%d %H:%M"), "host": os.uname().nodename, "cpus": os.cpu_count(),
+         "reps": REPS, "repeat": suite.REPEAT,
          "load_before": os.getloadavg(), "conditions": [out]}, indent=1))
     rows = out["summary"]
     benchmark.extra_info.update({r["workload"]: {k: r[k] for k in ("auto_vs_best", "auto_vs_oracle", "auto_vs_local",
                                                                     "auto_worker_calls")} for r in rows})
     print(suite.table({"started": "this run", "host": os.uname().nodename, "cpus": os.cpu_count(), "reps": REPS,
+                       "repeat": suite.REPEAT,
                        "load_before": os.getloadavg(), "conditions": [out]}))
     over = [(r["workload"], round(r["auto_vs_best"], 3)) for r in rows if r["auto_vs_best"] > 1.05]
     over += [(r["workload"], "oracle", round(r["auto_vs_oracle"], 3)) for r in rows if r["auto_vs_oracle"] > 1.15]

@@ -180,9 +180,20 @@ def floors(profile: Profile, workers: Sequence[int] | None, inputs_free: bool = 
                 return True
         return False
 
-    out = {}
+    from .model import REPRESENTATIVE
+
+    models = [profile.local] + [d for _, d in remotes if d is not None]
+    out: dict[str, int] = {}
+    same: dict[tuple, int] = {}  # ops that would compute alike share one result (most have no samples yet)
     for op, family in (ops or {op: family_of(op) for op in FLOOR_SHAPES}).items():
-        n_in = (FLOOR_SHAPES.get(op) or FAMILY_SHAPES[family])[0]
+        shape = FLOOR_SHAPES.get(op) or FAMILY_SHAPES[family]
+        measured = any(m.buckets.get((op, d)) for m in models for d in FLOOR_DTYPES)
+        key = (id(shape), family, REPRESENTATIVE.get(op) == family, op.endswith((".rfft", ".irfft")),
+               op if measured else None)
+        if key in same:
+            out[op] = same[key]
+            continue
+        n_in = shape[0]
         best = NEVER
         for dtype, size in FLOOR_DTYPES.items():
             if dtype == "f4" and family == "fft" and not op.endswith((".rfft", ".irfft")):
@@ -200,5 +211,5 @@ def floors(profile: Profile, workers: Sequence[int] | None, inputs_free: bool = 
                 else:
                     lo = mid
             best = min(best, int(n_in(2 ** hi) * size))
-        out[op] = best
+        out[op] = same[key] = best
     return out

@@ -499,6 +499,7 @@ class Runtime:
         self.planner.on_floors = self._publish_floor
         self.links: list[WorkerLink] = []
         self._inflight_lock = threading.Lock()
+        self.fast_calls: dict[str, list] = {}  # op name -> its C fast paths (intercept), which hold its floor
         self._bg_lock = threading.Lock()
         self._bg_queue: "queue.SimpleQueue | None" = None
         self._bg_pid = 0
@@ -540,13 +541,26 @@ class Runtime:
         """The op's floor as a one-element list the interceptor reads without a lock or a lookup."""
         return self.planner.floor_cells[name]
 
-    def _publish_floor(self, floor_bytes: int) -> None:
-        """The planner refreshed its floors: the C fast path holds the smallest (issue 3)."""
+    def operator_floors(self) -> tuple[int, int, int]:
+        """The own floors of ``@``, ``@=`` and ``.dot`` (catalog.OPERATORS' order)."""
+        from .catalog import OPERATORS
+
+        return tuple(self.floor_cell(spec.name)[0] for spec in OPERATORS)
+
+    def _publish_floor(self, floor_bytes: int, ops: Any = ()) -> None:
+        """The planner refreshed floors: the C fast path holds the smallest, each wrapped function
+        and each operator its own (issue 3)."""
         from . import intercept
 
         with intercept._lock:  # never after uninstall published -1, nor for a runtime replaced since
-            if intercept._runtime is self and not self.local_only:
-                intercept.native.publish_floor(floor_bytes)
+            if intercept._runtime is not self or self.local_only:
+                return
+            intercept.native.publish_floor(floor_bytes)
+            for name in ops:
+                for fast in self.fast_calls.get(name, ()):
+                    fast.floor = self.floor_cell(name)[0]
+            if any(name.startswith("numpy.ndarray.") for name in ops):
+                intercept.native.publish_op_floors(self.operator_floors())
 
     def _background(self, fn: Any, name: str) -> None:
         """Run ``fn`` on the shim's background thread, whose NumPy calls are not intercepted

@@ -43,7 +43,7 @@
 #define THREAD_LOCAL _Thread_local
 #endif
 
-#define INTERFACE 1  /* bump when the Python side's use of this module changes (loader checks it) */
+#define INTERFACE 2  /* bump when the Python side's use of this module changes (loader checks it) */
 enum { K_MATMUL = 0, K_IMATMUL = 1, K_DOT = 2 };
 #define DOT_FLAGS (METH_FASTCALL | METH_KEYWORDS)
 typedef PyObject *(*dotfunc)(PyObject *, PyObject *const *, Py_ssize_t, PyObject *);
@@ -53,6 +53,7 @@ static dotfunc orig_dot;
 static PyMethodDef *dot_def;                   /* NumPy's static array_methods["dot"] */
 static int patched;
 static Py_ssize_t floor_bytes = -1;            /* < 0: pass everything through; 0: nothing below */
+static Py_ssize_t op_floor[3];                 /* each operator's own floor, when above floor_bytes */
 static PyObject *callback;                     /* strong reference, or NULL */
 static PyObject *LOCAL;                        /* the callback's "compute it here" answer */
 static Py_ssize_t below_floor[3];              /* calls kept local by the floor, per kind */
@@ -75,7 +76,8 @@ static inline int wanted(PyObject *a, PyObject *b, int kind)
             || PyArray_NDIM((PyArrayObject *)a) == 0 || PyArray_NDIM((PyArrayObject *)b) == 0) {
         return 0;  /* 0-d operands: an error for @, a scalar multiply for .dot; NumPy's alone */
     }
-    if (floor_bytes > 0 && nbytes((PyArrayObject *)a) + nbytes((PyArrayObject *)b) < floor_bytes) {
+    Py_ssize_t floor = op_floor[kind] > floor_bytes ? op_floor[kind] : floor_bytes;
+    if (floor > 0 && nbytes((PyArrayObject *)a) + nbytes((PyArrayObject *)b) < floor) {
         below_floor[kind]++;
         return 0;
     }
@@ -302,6 +304,25 @@ static PyObject *m_get_floor(PyObject *mod, PyObject *unused)
     return PyLong_FromSsize_t(floor_bytes);
 }
 
+/* set_op_floors((matmul, imatmul, dot)): each operator's own floor (issue 5), used where it is
+ * above the published one; (0, 0, 0) leaves the published floor alone. */
+static PyObject *m_set_op_floors(PyObject *mod, PyObject *arg)
+{
+    Py_ssize_t v[3];
+    if (!PyArg_ParseTuple(arg, "nnn:set_op_floors", &v[0], &v[1], &v[2])) {
+        return NULL;
+    }
+    for (int i = 0; i < 3; i++) {
+        op_floor[i] = v[i] < 0 ? 0 : v[i];
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *m_get_op_floors(PyObject *mod, PyObject *unused)
+{
+    return Py_BuildValue("(nnn)", op_floor[0], op_floor[1], op_floor[2]);
+}
+
 /* original(kind, a, b, out): NumPy's own entry, for the shim's local path (never a trampoline). */
 static PyObject *m_original(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -382,6 +403,7 @@ typedef struct {
     PyObject *wrapped;
     PyObject *slow;
     Py_ssize_t below;  /* calls kept local by the floor (the report reads it) */
+    Py_ssize_t floor;  /* this function's own floor (issue 5), used where above the published one */
 } FastCall;
 
 static PyObject *fastcall_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames)
@@ -390,6 +412,9 @@ static PyObject *fastcall_vectorcall(PyObject *op, PyObject *const *args, size_t
     Py_ssize_t floor = floor_bytes;
     if (floor < 0 || tls_depth) {
         return PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
+    }
+    if (self->floor > floor) {
+        floor = self->floor;
     }
     if (floor > 0) {
         Py_ssize_t n = PyVectorcall_NARGS(nargsf) + (kwnames ? PyTuple_GET_SIZE(kwnames) : 0);
@@ -450,6 +475,7 @@ static void fastcall_dealloc(FastCall *self)
 static PyMemberDef fastcall_members[] = {
     {"wrapped", T_OBJECT, offsetof(FastCall, wrapped), READONLY, NULL},
     {"below", T_PYSSIZET, offsetof(FastCall, below), 0, "calls kept local by the floor"},
+    {"floor", T_PYSSIZET, offsetof(FastCall, floor), 0, "this function's own floor, where above the published one"},
     {NULL}
 };
 
@@ -474,6 +500,8 @@ static PyMethodDef methods[] = {
     {"patched", m_patched, METH_NOARGS, "Whether the trampolines are in place."},
     {"set_callback", m_set_callback, METH_O, "cb(a, b, out, kind) -> result or LOCAL; None to unset."},
     {"set_floor", m_set_floor, METH_O, "Input bytes below which calls stay local; < 0: all; 0: none."},
+    {"set_op_floors", m_set_op_floors, METH_O, "(@, @=, .dot): each operator's own floor where above set_floor's."},
+    {"get_op_floors", m_get_op_floors, METH_NOARGS, "The operators' own floors."},
     {"get_floor", m_get_floor, METH_NOARGS, "The floor in bytes (-1: everything passes through)."},
     {"original", (PyCFunction)(void (*)(void))m_original, METH_FASTCALL, "NumPy's own @ (0), @= (1), .dot (2)."},
     {"entries", m_entries, METH_NOARGS, "((@, @=, dot) now, (@, @=) in the slot wrappers), as addresses."},

@@ -271,7 +271,12 @@ def test_each_op_keeps_its_own_floor_and_c_holds_the_smallest(tmp_path):
         assert ops["numpy.matmul"]["below_floor"] >= 1 and ops["numpy.dot"]["below_floor"] >= 1
         if native.available():
             assert ops["numpy.ndarray.__matmul__"]["below_floor"] >= 1
+            # ...and in C: each function's proxy and each operator hold their own op's floor
+            fast = rt.fast_calls["numpy.matmul"][0]
+            assert fast.floor == high and fast.below >= 1
+            assert rt.ledger.fast_path["numpy.matmul"][0] == 0  # the Python path was never entered
+            assert native._native.get_op_floors()[0] == rt.floor_cell("numpy.ndarray.__matmul__")[0] > low
     finally:
         fusion_shim.uninstall()
     if native.available():
-        assert native._native.get_floor() == -1
+        assert native._native.get_floor() == -1 and native._native.get_op_floors() == (0, 0, 0)

@@ -206,6 +206,8 @@ def _patch_rows(trigger: str, rt: "Runtime") -> None:
         slow = _make_slow(spec, sig, rt, original)
         if use_c and not spec.nested:  # the C floor check counts top-level ndarrays only
             proxy, fast = native.fast_proxy(original, slow)
+            fast.floor = rt.floor_cell(spec.name)[0]  # its own floor; the planner's refreshes update it
+            rt.fast_calls.setdefault(spec.name, []).append(fast)
             fast_cells.append((spec.name, fast))
         else:
             proxy = wrapt.FunctionWrapper(original, _make_wrapper(spec, rt, slow))

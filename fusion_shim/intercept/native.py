@@ -14,9 +14,9 @@ Two uses, both optional and both off with ``FUSION_SHIM_NATIVE=0``:
 
 The floor is one number in C, published by :func:`publish_floor`: ``-1`` passes everything through
 (policy local, or no shim installed), ``0`` sends every exact-ndarray call to the Python path
-(policy remote), else the smallest of the planner's per-op floors (issue 5), which the runtime
-publishes again whenever the planner refreshes them; each op's own floor is checked in Python
-after the C check.
+(policy remote), else the smallest of the planner's per-op floors (issue 5); each FastCall and each
+operator also holds its own op's floor, used where it is above that one. The runtime publishes them
+again whenever the planner refreshes a floor.
 
 Re-entrancy: C raises a per-thread depth while the shim's Python path runs on that thread, so that
 the shim's own NumPy work and NumPy's internals never come back into a trampoline or fast path;
@@ -35,7 +35,7 @@ import wrapt
 if TYPE_CHECKING:
     from ..runtime import Runtime
 
-INTERFACE = 1  # must equal the extension's INTERFACE (native/_native.c)
+INTERFACE = 2  # must equal the extension's INTERFACE (native/_native.c)
 _native: Any = None
 LOAD_ERROR: str | None = None
 _loaded = False
@@ -97,6 +97,12 @@ def publish_floor(floor_bytes: int) -> None:
         _native.set_floor(int(floor_bytes))
 
 
+def publish_op_floors(floors: tuple[int, int, int]) -> None:
+    """Each operator's own floor (``@``, ``@=``, ``.dot``; issue 5), where above the published one."""
+    if _native is not None:
+        _native.set_op_floors(tuple(int(f) for f in floors))
+
+
 def install_operators(rt: "Runtime") -> tuple[bool, str]:
     """Patch ndarray's ``@``, ``@=`` and ``.dot``; (True, "") or (False, why not)."""
     global _warned
@@ -107,6 +113,7 @@ def install_operators(rt: "Runtime") -> tuple[bool, str]:
     if rt.local_only:
         return False, "policy local"
     _native.set_callback(operator_callback(rt))
+    _native.set_op_floors(rt.operator_floors())
     try:
         _native.install()
     except RuntimeError as exc:
@@ -127,6 +134,7 @@ def uninstall_operators() -> None:
     if _native is None:
         return
     publish_floor(-1)
+    _native.set_op_floors((0, 0, 0))
     try:
         _native.uninstall()
     except RuntimeError as exc:  # someone patched over us after install: left as found

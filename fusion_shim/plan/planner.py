@@ -74,8 +74,9 @@ class Planner:
         # set by the runtime once residency (issue 6) can keep inputs on a worker: the floors then
         # assume inputs may already be there, so only the result's way back is certain
         self.inputs_may_be_resident = False
-        # called with the smallest floor after each refresh: the C fast path holds one number (issue 3)
-        self.on_floors: Callable[[int], None] | None = None
+        # called after each refresh with the smallest floor and the ops refreshed: the C fast path
+        # holds the smallest, and each op's own (issue 3)
+        self.on_floors: Callable[[int, Any], None] | None = None
 
     # -- on the application's thread ------------------------------------------------------------
     def decide(self, call: Call, workers: Sequence[WorkerState]) -> Decision:
@@ -281,13 +282,12 @@ class Planner:
         value = floors(self.profile, ready, inputs_free=self.inputs_may_be_resident, ops={op: family})[op]
         self.floor_cells[op][0] = value
         self._computed.add(op)
-        self._set_floor_bytes(min(self.floor_cells[o][0] for o in list(self._computed)))
+        self._set_floor_bytes(min(self.floor_cells[o][0] for o in list(self._computed)), (op,))
 
-    def _set_floor_bytes(self, low: int) -> None:
-        changed = low != self.floor_bytes
+    def _set_floor_bytes(self, low: int, ops: Any) -> None:
         self.floor_bytes = low
-        if changed and self.on_floors is not None:
-            self.on_floors(low)
+        if self.on_floors is not None:
+            self.on_floors(low, ops)
 
     def refresh_floors(self) -> None:
         """Recompute every op's floor from the models (about 10 ms: call it off the app's thread)."""
@@ -299,7 +299,7 @@ class Planner:
         for op, value in new.items():
             self.floor_cells[op][0] = value
         self._computed.update(new)
-        self._set_floor_bytes(min(self.floor_cells[o][0] for o in list(self._computed)))
+        self._set_floor_bytes(min(self.floor_cells[o][0] for o in list(self._computed)), tuple(new))
 
     def describe_floors(self) -> str:
         parts = []

@@ -221,7 +221,8 @@ class LinkModel:
         byte_s = up / self.up_bps + down / self.down_bps
         regime = "bw" if byte_s > self.rtt else "rtt" if byte_s < 0.25 * self.rtt else "mixed"
         count = self.counts[regime]
-        if count[0] and abs(math.log(seconds / self.predict(up, down))) > ERROR_LOG:
+        # as for rates: judged from two samples on (a first call is often a cold one)
+        if count[0] >= 2 and abs(math.log(seconds / self.predict(up, down))) > ERROR_LOG:
             count[1] += 1
             if count[1] >= count[0]:
                 rtt, up_bps, down_bps = self.at_connect

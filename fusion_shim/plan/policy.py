@@ -15,8 +15,8 @@ What ``auto`` prices, per candidate worker (issue 5):
 The margin is ``exp(Z * sqrt(sigma_local^2 + sigma_remote^2))``: wide for priors, narrowing as the
 models gather samples. Exploration tries the place predicted slower when it could plausibly win
 (optimistic by Z_EXPLORE sigmas), its model has few samples for that size, and what it could cost
-(priced pessimistically, Z_EXPLORE sigmas slow) fits the exploration budget the caller passes in (plan.planner keeps it under ~2% of the run's
-intercepted time).
+(priced pessimistically, Z_EXPLORE sigmas slow) fits the exploration budget the caller passes in
+(plan.planner keeps it under ~2% of the run's intercepted time).
 """
 from __future__ import annotations
 

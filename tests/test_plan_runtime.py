@@ -280,3 +280,59 @@ def test_each_op_keeps_its_own_floor_and_c_holds_the_smallest(tmp_path):
         fusion_shim.uninstall()
     if native.available():
         assert native._native.get_floor() == -1 and native._native.get_op_floors() == (0, 0, 0)
+
+
+# -- the worker's device timed on demand ------------------------------------------------------------------
+
+def test_worker_times_a_kernel_on_inputs_it_makes():
+    from fusion_shim import wire
+    from fusion_shim.worker import Worker
+
+    worker = Worker("cpu", max_bytes=1 << 20)
+    header = {"t": "bench", "id": 7, "op": "linalg.solve", "params": {"cdtype": "<f8"}, "layouts": ["C"],
+              "results": [{"dtype": "<f8", "shape": [64, 64]}], "repeat": 2,
+              "inputs": [{"dtype": "<f8", "shape": [64, 64]}, {"dtype": "<f8", "shape": [64, 64]}]}
+    reply, _ = wire.decode(worker.handle(wire.encode(header)))
+    assert reply["t"] == "timed" and reply["id"] == 7 and 0 < reply["kernel_s"] < 5
+    # checked before anything is allocated: inputs over the byte budget, a bad repeat, an unknown kernel
+    for bad, kind in ((dict(header, inputs=[{"dtype": "<f8", "shape": [1024, 1024]}]), "bad_request"),
+                      (dict(header, repeat=50), "bad_request"), (dict(header, op="nope"), "unknown_op"),
+                      (dict(header, inputs=[{"dtype": "<f8", "shape": [-1]}]), "bad_request")):
+        reply, _ = wire.decode(worker.handle(wire.encode(bad)))
+        assert reply["t"] == "error" and reply["kind"] == kind, reply
+
+
+def test_a_marginal_call_has_the_worker_time_it_once(inproc_worker):
+    """A worker predicted faster but not by the margin: the call runs here, and the worker times the
+    kernel at that size in the background (no data moves); its device model then has a sample there."""
+    rt = fusion_shim.install(policy="auto", worker=inproc_worker, quiet=True)
+    try:
+        _ready(rt)
+        prof = rt.planner.profile
+        dev = prof.workers[0].device
+        # SYNTHETIC: the worker's curve 3x faster than here, read far from its one point (a wide sigma)
+        dev.buckets.clear()
+        dev.curves.clear()
+        dev.set_curve("products", "f8", [(1e6, 1e6 / 3e11)])
+        prof.local.curves.clear()
+        prof.local.buckets.clear()
+        prof.local.set_curve("products", "f8", [(1e6, 1e6 / 1e11)])
+        prof.workers[0].link.set_measured(100e-6, 1e10, 1e10)
+        rt.link.bandwidth = (1e10, 1e10)
+        rt.planner.cache = None
+        rt.planner.refresh_floors()
+        a = RNG.standard_normal((400, 400))
+        np.matmul(a, a)
+        rec = rt.ledger.records[-1]
+        assert rec.kind == "local" and rec.predicted_remote_s < rec.predicted_local_s, rec.reason
+        deadline = time.monotonic() + 30
+        while not dev.samples("numpy.matmul", "f8") and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert dev.samples("numpy.matmul", "f8") == 1
+        assert any("timed on demand" in e for _, e in rt.ledger.events)
+        assert rt.planner.want_bench(0, rec.plan[0]) is False  # once per op, dtype and size
+        assert fusion_shim.report()["planner"]["timed_on_demand"] == 1
+        sent = rt.ledger.snapshot()["ops"].get("numpy.matmul", {}).get("bytes_sent", 0)
+        assert sent == 0  # nothing of the program's data moved for it
+    finally:
+        fusion_shim.uninstall()

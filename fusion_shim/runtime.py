@@ -52,6 +52,7 @@ MAX_RESTARTS = 2  # an embedded worker that died is restarted this many times, t
 CRASH_LIMIT = 3  # an op in flight this many times when the worker went down runs locally from then on
 DEADLINE_FLOOR_S = 5.0   # per-call deadline: max(floor, factor x predicted), capped by Config.timeout,
 DEADLINE_FACTOR = 20.0   # once the family has a measured worker time (before that: Config.timeout)
+SYNC_LINK_PROBE_S = 0.05  # a call predicted to take this long here waits for its link's first bandwidth probe
 REPROBE_MAX_S = 5.0  # a faulted worker is probed again after 0.1 s, doubling up to this
 
 
@@ -249,14 +250,20 @@ class WorkerLink:
             return {}
         return {"up_bytes_per_s": self.bandwidth[0], "down_bytes_per_s": self.bandwidth[1]}
 
-    def measure_bandwidth_soon(self) -> None:
-        """Issue 5: one bulk transfer each way, on a thread of its own, the first time a call could
-        go to this worker; until it is done the planner prices the link with its prior."""
+    def measure_bandwidth_soon(self, wait: bool = False) -> None:
+        """Issue 5: one bulk transfer each way (about 4 MB), the first time a call could go to this
+        worker; until it is done the planner prices the link with its prior. On a thread of its own,
+        or with ``wait`` on the caller's: a probe that shares a busy CPU with the program measures
+        the program, not the link (on one core it read a third of the bandwidth), so a call long
+        enough to pay for a few milliseconds has it made while the program waits anyway."""
         with self._lock:
             if self.bandwidth is not None or self._bw_probing or self.stopped or not self.ready.is_set():
                 return
             self._bw_probing = True
-        threading.Thread(target=self._measure_bandwidth, name="fusion-shim-link-probe", daemon=True).start()
+        if wait:
+            self._measure_bandwidth()
+        else:
+            threading.Thread(target=self._measure_bandwidth, name="fusion-shim-link-probe", daemon=True).start()
 
     def _measure_bandwidth(self) -> None:
         chan = None
@@ -657,10 +664,19 @@ class Runtime:
                 decision.where == "worker" or decision.remote_s < 2 * decision.local_s):
             # a worker is in the running for this call: its link's bandwidth is worth measuring now
             # (priced with the prior until then; where even the prior rules it out, never; under
-            # policy remote nothing is decided, and the probe's traffic would only blur the counts)
+            # policy remote nothing is decided, and the probe's traffic would only blur the counts).
+            # A call long enough waits for it and is decided again with the measured link.
+            wait = decision.local_s >= SYNC_LINK_PROBE_S
+            t = time.perf_counter()
+            probed = False
             for link in self.links:
                 if link.bandwidth is None:
-                    link.measure_bandwidth_soon()
+                    link.measure_bandwidth_soon(wait)
+                    probed = probed or wait
+            if probed:
+                rec.phases["link_probe"] = time.perf_counter() - t
+                decision = self.planner.decide(call, self._states(spec, [
+                    prep.bytes_in - link.resident_bytes(wired) if wired is not None else None for link in self.links]))
         if self.config.policy == "auto" and decision.where == "local":
             self._maybe_bench(prep, call, decision)
         rec.plan = (call, decision)

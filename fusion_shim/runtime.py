@@ -289,20 +289,6 @@ class WorkerLink:
             with self._lock:
                 self._bw_probing = False
 
-    def bench(self, header: dict) -> float:
-        """The worker's best time for a ``bench`` request (issue 5), on a socket of its own; raises
-        TransportError like any request."""
-        chan = transport.Channel(self.url, self.curve)
-        try:
-            header = dict(header, id=self.next_id())
-            reply, _ = chan.request(header["id"], wire.encode(header), time.monotonic() + min(self.config.timeout, 60.0),
-                                    self._probe_alive)
-        finally:
-            chan.close()
-        if reply.get("t") != "timed" or not isinstance(reply.get("kernel_s"), float) or reply["kernel_s"] <= 0:
-            raise transport.BadReply(f"bench answered {reply.get('t')!r}: {reply.get('msg', '')}"[:300])
-        return reply["kernel_s"]
-
     def resident_bytes(self, wired: "_Wired") -> int:
         """Bytes of a call's inputs this worker is believed to hold (its residency mirror, issue 6):
         the planner prices only the rest."""
@@ -677,8 +663,6 @@ class Runtime:
                 rec.phases["link_probe"] = time.perf_counter() - t
                 decision = self.planner.decide(call, self._states(spec, [
                     prep.bytes_in - link.resident_bytes(wired) if wired is not None else None for link in self.links]))
-        if self.config.policy == "auto" and decision.where == "local":
-            self._maybe_bench(prep, call, decision)
         rec.plan = (call, decision)
         rec.reason = decision.reason
         rec.predicted_local_s, rec.predicted_remote_s = decision.local_s, decision.remote_s
@@ -723,26 +707,6 @@ class Runtime:
         rec.wall_s = time.perf_counter() - t0
         link.answered.add((call.op, call.dtype))
         return Done(value, rec, prep)
-
-    def _maybe_bench(self, prep: Prepared, call: plan.Call, decision: plan.Decision) -> None:
-        """A call predicted faster on a worker, but not by the margin: where that worker's device has
-        no measurement near the call's size, it times the kernel on inputs of these shapes (on the
-        background thread; only the worker's time is spent) and the next such call is priced with it."""
-        if decision.remote_s is None or decision.local_s is None or decision.remote_s >= decision.local_s:
-            return
-        inputs = [{"dtype": a.dtype.str, "shape": list(a.shape)} for a in prep.arrays]
-        if any(m["dtype"] not in wire.DTYPES for m in inputs):
-            return
-        for link in self.links:
-            if link.ready.is_set() and link.offers(prep.spec.kernel_id) and self.planner.want_bench(link.index, call):
-                header = {**call_header(0, prep), "t": "bench", "inputs": inputs, "repeat": 2}
-                self._background(lambda link=link, header=header: self._bench(link, header, call), "fusion-shim-bench")
-
-    def _bench(self, link: WorkerLink, header: dict, call: plan.Call) -> None:
-        try:
-            self.planner.benched(link.index, call, link.bench(header))
-        except transport.TransportError as exc:  # the worker is still usable: the call is priced as before
-            self.ledger.event(f"{call.op} {call.dtype} not timed on {link.url}: {exc}"[:300])
 
     def _would_offload_if_resident(self, spec: OpSpec, call: plan.Call) -> bool:
         """Would some ready worker take the call if it held every input? (pure: no learning)"""

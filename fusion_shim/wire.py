@@ -7,8 +7,8 @@ The header is a msgpack map:
 
 =========  ==================================================================================
 ``v``      int, the wire version (``VERSION``). Any other version is answered with an error.
-``t``      str, the message type. Client to worker: ``hello``, ``call``, ``stats``, ``bench``.
-           Worker to client: ``ready``, ``result``, ``error``, ``stats``, ``timed``.
+``t``      str, the message type. Client to worker: ``hello``, ``call``, ``stats``.
+           Worker to client: ``ready``, ``result``, ``error``, ``stats``.
 ``id``     int >= 0, the request id. A reply carries the id of its request; replies are matched
            by id, never by order, so a late reply to an abandoned request is recognised and dropped.
 =========  ==================================================================================
@@ -31,11 +31,6 @@ Per type:
   never sent (issue 8).
 - ``result``: ``arrays`` (array metas of the result buffers), ``timing`` (map of phase name to
   seconds measured on the worker: ``h2d``, ``kernel``, ``d2h``).
-- ``bench`` (issue 5): a call's header (``op``, ``params``, ``layouts``, ``results``) with ``inputs``
-  (a list of ``{"dtype", "shape"}``, no buffers) and ``repeat`` (1 to 5) in place of arrays: the
-  worker makes inputs of those shapes itself (checked against its byte budget before anything is
-  allocated), runs the kernel ``repeat`` times on its device and answers ``timed`` with ``kernel_s``,
-  the best time. Nothing is kept and nothing travels back but the time.
 - ``stats``: asked with nothing more; answered with ``calls``, ``bytes_in``, ``bytes_out``: the
   call messages the worker has answered and their bytes as counted at its socket (headers included).
 - ``error``: ``kind`` (one of ``ERROR_KINDS``), ``exc`` (the exception type's name), ``msg`` (str).
@@ -97,7 +92,7 @@ ZERO_COPY_MIN = 64 * 1024
 MAX_HEADER = 1 << 20
 MAX_NDIM = 64
 MAX_FRAMES = 1 + 64  # a header and at most 64 buffers: more is refused before any is looked at
-MESSAGE_TYPES = ("hello", "ready", "call", "result", "error", "stats", "bench", "timed")
+MESSAGE_TYPES = ("hello", "ready", "call", "result", "error", "stats")
 ERROR_KINDS = ("bad_request", "version", "unknown_op", "kernel_error", "out_of_memory", "missing",
                "unhealthy")
 FP_LEN = 32  # hex digits of an xxh3-128 fingerprint

@@ -14,7 +14,6 @@ explored calls cost over the prediction for the place not taken.
 from __future__ import annotations
 
 import functools
-import math
 import threading
 import time
 from collections import defaultdict
@@ -66,8 +65,6 @@ class Planner:
         self._wanted: set[tuple[str, str]] = set()
         self._queue: list[tuple[str, str]] = []
         self._probed: set[tuple[str, str]] = set()  # probed, queued, or read from the cache
-        self._benched: set[tuple] = set()  # (worker, op, dtype, size bucket) asked of a worker's device
-        self.bench_count = 0
         self._computed: set[str] = set()  # ops whose floor the models have produced (floor_bytes: their minimum)
         self._calibrating = False
         # one cell per op, read by the interceptor's fast path without a lock: [floor in bytes]
@@ -147,33 +144,6 @@ class Planner:
         with self.lock:
             self.profile.workers[worker].device.observe(call.op, call.family, call.dtype, call.flops, seconds,
                                                         force=True)
-
-    # -- the worker's device, benchmarked on demand ------------------------------------------------------
-    def want_bench(self, worker: int, call: Call) -> bool:
-        """Whether to ask ``worker`` to time this call's kernel on inputs of its shapes (once per op,
-        dtype and size bucket): a call predicted faster there, though not by the margin, whose
-        bucket on that device has no measurement yet. The worker's time is all it costs (no data
-        moves); without it the margin, wide for a device read off its warm-up probes far from the
-        call's size, could keep the call here however much faster the worker is."""
-        from .model import BUCKET
-
-        key = (worker, call.op, call.dtype, int(math.log(max(call.flops, 1.0)) // BUCKET))
-        with self.lock:
-            if key in self._benched or self.profile.workers[worker].device.predict(
-                    call.op, call.family, call.dtype, call.flops)[2]:
-                return False
-            self._benched.add(key)
-            return True
-
-    @_never_raises
-    def benched(self, worker: int, call: Call, seconds: float) -> None:
-        with self.lock:
-            msg = self.profile.workers[worker].device.observe(call.op, call.family, call.dtype, call.flops, seconds)
-            self.bench_count += 1
-        self.on_event(f"worker {worker}: {call.op} {call.dtype} timed on demand at {call.flops:.2g} flops: "
-                      f"{call.flops / seconds / 1e9:.3g} GFLOP/s ({seconds * 1e3:.3g} ms)")
-        if msg:
-            self._reset(msg, call.family, call.dtype, local=False)
 
     # -- from the links' threads -----------------------------------------------------------------
     @_never_raises

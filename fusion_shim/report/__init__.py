@@ -25,7 +25,7 @@ JSON schema ``fusion_shim.report/1`` (a map):
 - ``events``: worker lifecycle and pins, ``{"t_s", "what"}``;
 - ``planner`` (policies auto and remote, issue 5): ``explored_calls``, ``explore_spent_s`` (what they
   cost over the prediction for the place not taken), ``intercepted_s``, ``explore_fraction`` (the
-  budget), ``timed_on_demand`` (kernels a worker timed for the planner, issue 5), ``model_resets``, ``floors_bytes`` (per op: input bytes below which it stays on the fast
+  budget), ``model_resets``, ``floors_bytes`` (per op: input bytes below which it stays on the fast
   path), ``calibration`` (per family/dtype: "cache" or "measured"), ``workers`` (url, state, measured
   link: ``rtt_s``, ``up_bytes_per_s``, ``down_bytes_per_s``);
 - ``records``: one map per call (``ledger.Record``): at most ``ledger.MAX_PER_SITE`` per site and
@@ -77,7 +77,7 @@ def planner_section(rt: Any) -> dict[str, Any]:
     p = rt.planner
     return {
         "explored_calls": p.explored, "explore_spent_s": p.explore_spent_s, "intercepted_s": p.intercepted_s,
-        "explore_fraction": p.explore_fraction, "timed_on_demand": p.bench_count,
+        "explore_fraction": p.explore_fraction,
         "model_resets": p.profile.local.resets + sum(w.device.resets + w.link.resets for w in p.profile.workers),
         "floors_bytes": {op: cell[0] for op, cell in sorted(p.floor_cells.items())},
         "calibration": {f"{f}/{d}": src for (f, d), src in p.curves_from.items()},

@@ -716,10 +716,6 @@ class TorchBackend:
         self._pinned: list[torch.Tensor] = []  # page-locked staging buffers, one per input slot (issue 9)
         self._staged = 0  # slots handed out since the last sync: a call's inputs each get their own
 
-    def cpu_threads(self) -> int:
-        """Compute threads on a CPU device (0 on a GPU: its kernels are timed by the wall clock)."""
-        return torch.get_num_threads() if self.device.type == "cpu" else 0
-
     def sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

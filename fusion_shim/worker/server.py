@@ -150,8 +150,6 @@ class Worker:
                     extra["shm"] = (self.shm.answer_probe(header["shm"]) if self.shm is not None
                                     else {"ok": False, "why": "this worker's link is not same-host (ipc://)"})
                 return wire.encode({"t": "ready", "id": rid, **self.info, **extra, "health_s": time.perf_counter() - t})
-            if kind == "bench":
-                return self._bench(rid, header)
             if kind != "call":
                 return _error(rid, "bad_request", "WireError", f"a worker does not accept {kind!r}")
             return self._call(rid, header, arrays)
@@ -213,57 +211,6 @@ class Worker:
         it = iter(_place(results, dests, slots))
         return wire.encode({"t": "result", "id": rid, "timing": timing, **extra}, results, fps=fps,
                            place=lambda meta, buf: next(it))
-
-    def _bench(self, rid: int, header: dict) -> list:
-        """Time a kernel on inputs of the given shapes, made here (issue 5: the planner's on-demand
-        benchmark of this device, for a call it could not price well). Checked like a call before
-        anything is allocated; inputs and results together within the byte budget, and within the
-        resident store's budget (the device's memory).
-
-        On a CPU device the time is the smaller of the wall time and the process's CPU time over
-        its compute threads: a worker sharing CPUs with its client is timed while the client
-        computes, but a real call runs while the client waits for it, with the cores to itself."""
-        kernel = self.kernels.get(header.get("op"))
-        if kernel is None:
-            return _error(rid, "unknown_op", "KeyError", f"no kernel {header.get('op')!r}")
-        params, layouts, repeat = header.get("params"), header.get("layouts"), header.get("repeat", 1)
-        if not isinstance(params, dict) or not isinstance(layouts, list) or params.get("cdtype") not in wire.DTYPES:
-            return _error(rid, "bad_request", "WireError", "a bench needs 'params' with a valid 'cdtype' and 'layouts'")
-        if not isinstance(repeat, int) or not 1 <= repeat <= 5:
-            return _error(rid, "bad_request", "WireError", f"repeat {repeat!r} is invalid; valid: 1 to 5")
-        budget = min(self.max_bytes, self.store.budget) if self.resident else self.max_bytes
-        inputs = wire.declared_results(header.get("inputs"), budget)
-        used = sum(math.prod(shape) * dt.itemsize for dt, shape in inputs)
-        declared = wire.declared_results(header.get("results"), budget - used)
-        if len(declared) != len(layouts):
-            return _error(rid, "bad_request", "WireError", f"{len(declared)} declared results, {len(layouts)} layouts")
-        too_big = _size_params_over(header["op"], params, declared)
-        if too_big:
-            return _error(rid, "bad_request", "WireError", too_big)
-        rng = np.random.default_rng(0)
-        arrays = [_bench_input(rng, dt, shape) for dt, shape in inputs]
-        try:
-            best = math.inf
-            if self.resident:
-                tensors = [self.backend.to_device(a) for a in arrays]
-                del arrays
-                threads = getattr(self.backend, "cpu_threads", lambda: 0)()
-                for _ in range(repeat):
-                    self.backend.sync()
-                    t, cpu = time.perf_counter(), time.process_time()
-                    self.backend.compute(kernel, tensors, params, layouts)
-                    self.backend.sync()
-                    took = time.perf_counter() - t
-                    if threads:  # a CPU device: what the kernel takes when it has its cores (see below)
-                        took = min(took, max((time.process_time() - cpu) / threads, 1e-6))
-                    best = min(best, took)
-            else:
-                for _ in range(repeat):
-                    best = min(best, self._run(kernel, arrays, params, layouts)[1]["kernel"])
-        except Exception as exc:
-            kind = "out_of_memory" if _is_oom(exc) else "kernel_error"
-            return _error(rid, kind, type(exc).__name__, str(exc)[:2000])
-        return wire.encode({"t": "timed", "id": rid, "kernel_s": best})
 
     def _run_resident(self, kernel: Any, header: dict, arrays: list, params: dict,
                       layouts: list, dests: list) -> tuple[list, dict, dict]:
@@ -383,21 +330,6 @@ def _free_memory(backend: Any) -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-
-
-def _bench_input(rng: np.random.Generator, dt: np.dtype, shape: tuple) -> np.ndarray:
-    """An input for a benchmark: random values; a square matrix (or stack of them) is made
-    symmetric and diagonally dominant, so that every decomposition and solve succeeds on it."""
-    if dt.kind in "fc":
-        a = rng.standard_normal(shape)
-        if dt.kind == "c":
-            a = a + 1j * rng.standard_normal(shape)
-        if len(shape) >= 2 and shape[-1] == shape[-2] and shape[-1] > 0:
-            a = (a + np.swapaxes(a, -1, -2).conj()) / 2 + shape[-1] * np.eye(shape[-1])
-        return a.astype(dt)
-    if dt.kind == "b":
-        return rng.integers(0, 2, shape).astype(dt)
-    return rng.integers(0, 8, shape).astype(dt)
 
 
 def _size_params_over(op: str, params: dict, declared: list) -> str | None:

@@ -15,7 +15,7 @@ What ``auto`` prices, per candidate worker (issue 5):
 The margin is ``exp(Z * sqrt(sigma_local^2 + sigma_remote^2))``: wide for priors, narrowing as the
 models gather samples. Exploration tries the place predicted slower when it could plausibly win
 (optimistic by Z_EXPLORE sigmas), its model has few samples for that size, and what it could cost
-(priced pessimistically, Z_EXPLORE sigmas slow) fits the exploration budget the caller passes in
+(priced pessimistically, Z_EXPLORE_COST sigmas slow) fits the exploration budget the caller passes in
 (plan.planner keeps it under ~2% of the run's intercepted time).
 """
 from __future__ import annotations
@@ -28,6 +28,8 @@ from .model import Profile
 
 Z = 1.0                  # margin in sigmas of the difference of the two predictions' logs
 Z_EXPLORE = 2.0          # "could plausibly win": optimistic by this many sigmas
+Z_EXPLORE_COST = 1.0     # what an exploration could cost: pessimistic by this many sigmas (the budget
+#                          is charged what it did cost, so a worse one only delays the next)
 MIN_LOG_MARGIN = 0.02    # never offload on a predicted gain under 2%
 EXPLORE_SAMPLES = 2      # a place with fewer samples than this for the call's size may be explored
 CANDIDATE_STATES = ("ready", "busy")
@@ -104,7 +106,7 @@ def decide(policy: str, call: Call, profile: Profile, workers: Sequence[WorkerSt
     margin = math.exp(Z * spread + MIN_LOG_MARGIN)
     if remote_s * margin < local_s:
         if (n_l < EXPLORE_SAMPLES and local_s * math.exp(-Z_EXPLORE * sigma_l) < remote_s
-                and 0 < local_s * math.exp(Z_EXPLORE * sigma_l) - remote_s <= explore_left_s):
+                and 0 < local_s * math.exp(Z_EXPLORE_COST * sigma_l) - remote_s <= explore_left_s):
             # the local model could be wrong the other way: measuring it here is how it learns
             return Decision("local", f"exploring here: predicted {_ms(local_s)} vs {_ms(remote_s)}{where}, "
                             f"{n_l} samples", local_s, remote_s, None, True, sigma_l, sigma_r)
@@ -112,7 +114,7 @@ def decide(policy: str, call: Call, profile: Profile, workers: Sequence[WorkerSt
                         local_s, remote_s, best, False, sigma_l, sigma_r)
     # exploration: the slower-looking place, when it could win and its price fits the budget
     if (n_r < EXPLORE_SAMPLES and remote_s * math.exp(-Z_EXPLORE * sigma_r) < local_s
-            and 0 < explore_left_s and remote_s * math.exp(Z_EXPLORE * sigma_r) - local_s <= explore_left_s):
+            and 0 < explore_left_s and remote_s * math.exp(Z_EXPLORE_COST * sigma_r) - local_s <= explore_left_s):
         return Decision("worker", f"exploring{where}: predicted {_ms(remote_s)} there vs {_ms(local_s)} here, "
                         f"{n_r} samples", local_s, remote_s, best, True, sigma_l, sigma_r)
     return Decision("local", f"predicted {_ms(local_s)} here <= {_ms(remote_s)}{where or ' on the worker'} "

@@ -794,22 +794,25 @@ class TorchBackend:
             out.append(typed)
         return out
 
-    def warm(self) -> dict[str, Any]:
+    def warm(self, shared: bool = False) -> dict[str, Any]:
         """A first kernel per dtype, then the planner's probes timed on this device (issue 5): per
         family and dtype, (flops, seconds) at two or three sizes under ``points`` ("products/f8": [[flops,
         s], ...]), and, for older clients, one float64 rate in GFLOP/s per family. The probe ops match
-        the client's calibration (fusion_shim.plan.calibrate): matmul, solve, fft (rfft for real)."""
+        the client's calibration (fusion_shim.plan.calibrate): matmul, solve, fft (rfft for real).
+        ``shared``: the worker shares its CPUs with the program that started it (embedded)."""
         dev = self.device
         for dt in (torch.float32, torch.float64, torch.complex64, torch.complex128):
             m = torch.ones(8, 8, dtype=dt, device=dev)
             torch.matmul(m, m)
             torch.fft.fft(m)
-        big = dev.type == "cuda"  # a GPU reaches its rate only on larger problems
-        # a CPU worker shares its CPUs with the program under ``auto`` (a cold start warms while the
-        # program runs): two small sizes, about 0.2 s in all; rates read beyond the sizes measured
-        # carry more uncertainty (plan.model), and the worker's measured calls correct them
+        # a GPU reaches its rate only on larger problems; an embedded CPU worker shares its CPUs with
+        # the program (a cold start warms while the program runs): two small sizes, about 50 ms in
+        # all; another CPU worker has its CPUs to itself: three sizes, about 1 s. Rates read beyond
+        # the sizes measured carry more uncertainty (plan.model); measured calls correct them
+        big = dev.type == "cuda"
         sizes = ({"products": (128, 512, 4096), "linalg": (128, 384, 2048), "fft": (1 << 12, 1 << 16, 1 << 22)} if big
-                 else {"products": (128, 384), "linalg": (96, 256), "fft": (1 << 12, 1 << 15)})
+                 else {"products": (128, 384), "linalg": (96, 256), "fft": (1 << 12, 1 << 15)} if shared
+                 else {"products": (128, 512, 1024), "linalg": (128, 384, 768), "fft": (1 << 12, 1 << 16, 1 << 20)})
         points: dict[str, list] = {}
         rates: dict[str, float] = {}
         gen = torch.Generator(device="cpu").manual_seed(0)

@@ -96,11 +96,13 @@ class Worker:
         if self.shm is not None:
             self.shm.sweep()
 
-    def warm(self) -> None:
+    def warm(self, shared: bool = False) -> None:
+        """Warm up and self-benchmark; ``shared``: this worker shares its CPUs with the program that
+        started it (an embedded worker), so its benchmark stays short."""
         if self.numba == "simulator":  # issue 9: never mistaken for a GPU run
             print("fusion_shim worker: numba kernels run under numba's CUDA SIMULATOR (NUMBA_ENABLE_CUDASIM=1): "
                   "for tests only, far slower than NumPy", file=sys.stderr, flush=True)
-        bench = self.backend.warm()
+        bench = self.backend.warm(shared=True) if shared else self.backend.warm()
         torch = sys.modules.get("torch")  # loaded by the torch backend; a test backend has none
         self.info = {"pid": os.getpid(), "device": str(self.backend.device),
                      "torch": getattr(torch, "__version__", "none"), "bench": bench, "test_delay": self.test_delay,
@@ -424,7 +426,7 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
     if ready is not None:
         ready.set()
     try:
-        worker.warm()  # hellos that arrive meanwhile wait in the socket: nobody is told "ready" early
+        worker.warm(shared=parent_pid is not None)  # hellos that arrive meanwhile wait in the socket: nobody is told "ready" early
         while stop is None or not stop.is_set():
             if not sock.poll(200):
                 worker.idle()

@@ -170,7 +170,7 @@ def run_condition(name: str, workloads: list[str], reps: int, log) -> dict:
         cond = linkemu.CONDITIONS["loopback" if name == "slow-client" else name]
         if cond.netns:
             linkemu.cleanup_stale()
-        link = linkemu.Link(cond, index=7)
+        link = linkemu.Link(cond, index=7 + CONDITIONS.index(name))  # its own ports: a proxy just closed may linger
         link.__enter__()
         link.wait_ready()
         measured = link.measure()

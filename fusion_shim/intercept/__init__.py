@@ -218,40 +218,12 @@ def _patch_rows(trigger: str, rt: "Runtime") -> None:
                                    lambda: [setattr(f, "below", 0) for _, f in fast_cells]))
 
 
-def _input_bytes(args: tuple, kwargs: dict, ndarray: type) -> int:
-    """Bytes of the exact ndarrays among a call's arguments, one level into lists and tuples."""
-    nbytes = 0
-    for x in args:
-        if type(x) is ndarray:
-            nbytes += x.nbytes
-        elif type(x) is list or type(x) is tuple:  # multi_dot's arrays, lu_solve's (lu, piv)
-            for y in x:
-                if type(y) is ndarray:
-                    nbytes += y.nbytes
-    for x in kwargs.values():
-        if type(x) is ndarray:
-            nbytes += x.nbytes
-    return nbytes
-
-
 def _make_slow(spec: "OpSpec", sig: Any, rt: "Runtime", original: Callable) -> Callable:
-    """The shim's path for a call above the floor: decide, run on the worker or here, record.
-
-    The C fast path compares with the smallest floor of all ops; this op's own (issue 5: derived per
-    op from the planner's models) is checked here, at the cost of one sum over the arguments."""
-    from numpy import ndarray
-
+    """The shim's path for a call above its op's floor: decide, run on the worker or here, record."""
     from ..runtime import Record
-
-    floor_cell = rt.floor_cell(spec.name)
-    below_floor = rt.ledger.fast_path[spec.name]
 
     def _slow(*args: Any, **kwargs: Any) -> Any:
         if rt.local_only:
-            return original(*args, **kwargs)
-        floor = floor_cell[0]
-        if floor > rt.floor_bytes and _input_bytes(args, kwargs, ndarray) < floor:
-            below_floor[0] += 1
             return original(*args, **kwargs)
         got = rt.call(spec, sig, args, kwargs)
         if got is None:

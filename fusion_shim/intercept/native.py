@@ -149,16 +149,10 @@ def operator_callback(rt: "Runtime") -> Callable[[Any, Any, Any, int], Any]:
     from ..runtime import Record
 
     table = tuple(zip(OPERATORS, OPERATOR_SIGNATURES))
-    cells = tuple(rt.floor_cell(spec.name) for spec in OPERATORS)  # each operator's own floor (issue 5)
-    below = tuple(rt.ledger.fast_path[spec.name] for spec in OPERATORS)
     original, local = _native.original, _native.LOCAL
 
     def _operator(a: Any, b: Any, out: Any, kind: int) -> Any:
         if rt.local_only:
-            return local
-        floor = cells[kind][0]
-        if floor > rt.floor_bytes and a.nbytes + b.nbytes < floor:  # C checked the smallest floor of all
-            below[kind][0] += 1
             return local
         spec, sig = table[kind]
         got = rt.call(spec, sig, (a, b), {} if out is None else {"out": out})

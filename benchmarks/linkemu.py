@@ -246,15 +246,23 @@ class Link:
         sys.path.insert(0, ROOT)
         from fusion_shim import transport, wire
 
-        chan = transport.Channel(self.url)
-        try:
-            header, _ = chan.request(1, wire.encode({"t": "hello", "id": 1}), time.monotonic() + timeout,
-                                     lambda: self.proc.poll() is None)
-        except transport.TransportError as exc:
-            err = self.proc.stderr.read().decode(errors="replace") if self.proc.poll() is not None else ""
-            raise RuntimeError(f"worker behind {self.cond.name} never became ready: {exc} {err[-2000:]}") from None
-        finally:
-            chan.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            chan = transport.Channel(self.url)
+            try:
+                header, _ = chan.request(1, wire.encode({"t": "hello", "id": 1}), deadline,
+                                         lambda: self.proc.poll() is None)
+                break
+            except transport.TransportError as exc:
+                # the delaying proxy closes a connection it cannot pass on yet (the worker is still
+                # binding): ask again until the deadline, while the worker lives
+                if self.proc.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                err = self.proc.stderr.read().decode(errors="replace") if self.proc.poll() is not None else ""
+                raise RuntimeError(f"worker behind {self.cond.name} never became ready: {exc} {err[-2000:]}") from None
+            finally:
+                chan.close()
         assert header["t"] == "ready", header
 
     def measure(self) -> dict:

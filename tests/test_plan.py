@@ -128,6 +128,13 @@ def test_exploration_needs_budget():
     assert d.where == "worker" and d.explore and "exploring" in d.reason
 
 
+def test_no_exploration_over_a_link_not_yet_measured():
+    p, call = _uncertain_worker(), matmul(1024)
+    p.workers[0].link = type(p.workers[0].link)()  # the prior link: 2 GB/s assumed, never measured
+    d = decide("auto", call, p, READY, explore_left_s=1.0)
+    assert d.where == "local" and not d.explore
+
+
 def test_no_exploration_where_the_worker_cannot_plausibly_win():
     p = profile(local=100, worker=100, bw=1e8)  # a measured, slow link: hopeless even optimistically
     d = decide("auto", matmul(2048), p, READY, explore_left_s=100.0)

@@ -52,7 +52,8 @@ MAX_RESTARTS = 2  # an embedded worker that died is restarted this many times, t
 CRASH_LIMIT = 3  # an op in flight this many times when the worker went down runs locally from then on
 DEADLINE_FLOOR_S = 5.0   # per-call deadline: max(floor, factor x predicted), capped by Config.timeout,
 DEADLINE_FACTOR = 20.0   # once the family has a measured worker time (before that: Config.timeout)
-SYNC_LINK_PROBE_S = 0.05  # a call predicted to take this long here waits for its link's first bandwidth probe
+SYNC_LINK_PROBE_S = 0.05  # a call predicted to take this long here waits for its link's first bandwidth probe,
+SYNC_LINK_PROBE_RTTS = 100  # and this many of the link's round trips
 REPROBE_MAX_S = 5.0  # a faulted worker is probed again after 0.1 s, doubling up to this
 
 
@@ -652,11 +653,12 @@ class Runtime:
             # (priced with the prior until then; where even the prior rules it out, never; under
             # policy remote nothing is decided, and the probe's traffic would only blur the counts).
             # A call long enough waits for it and is decided again with the measured link.
-            wait = decision.local_s >= SYNC_LINK_PROBE_S
             t = time.perf_counter()
             probed = False
             for link in self.links:
                 if link.bandwidth is None:
+                    # the probe takes a few round trips and ~1-4 MB: waited for only where that is small
+                    wait = decision.local_s >= max(SYNC_LINK_PROBE_S, SYNC_LINK_PROBE_RTTS * (link.rtt_s or 1.0))
                     link.measure_bandwidth_soon(wait)
                     probed = probed or wait
             if probed:

@@ -280,3 +280,17 @@ def test_each_op_keeps_its_own_floor_and_c_holds_the_smallest(tmp_path):
         fusion_shim.uninstall()
     if native.available():
         assert native._native.get_floor() == -1 and native._native.get_op_floors() == (0, 0, 0)
+
+
+def test_worker_self_benchmark_is_short_when_it_shares_the_programs_cpus():
+    """An embedded worker (started by the program, on its CPUs) measures two small sizes per family
+    and dtype while warming; a worker with its CPUs to itself measures three, up to larger ones."""
+    from fusion_shim.worker.kernels import TorchBackend
+
+    backend = TorchBackend("cpu")
+    shared, own = backend.warm(shared=True), backend.warm()
+    for bench in (shared, own):
+        assert set(bench["points"]) >= {f"{f}/{d}" for f in ("products", "linalg", "fft") for d in ("f8", "f4")}
+        assert all(s > 0 for pts in bench["points"].values() for _, s in pts)
+    assert len(shared["points"]["products/f8"]) == 2 and len(own["points"]["products/f8"]) == 3
+    assert max(f for f, _ in own["points"]["products/f8"]) > max(f for f, _ in shared["points"]["products/f8"])

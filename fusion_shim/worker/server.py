@@ -31,6 +31,7 @@ torch's where they can run; ``ready`` lists the kernels this worker has.
 from __future__ import annotations
 
 import gc
+import inspect
 import math
 import os
 import sys
@@ -102,7 +103,9 @@ class Worker:
         if self.numba == "simulator":  # issue 9: never mistaken for a GPU run
             print("fusion_shim worker: numba kernels run under numba's CUDA SIMULATOR (NUMBA_ENABLE_CUDASIM=1): "
                   "for tests only, far slower than NumPy", file=sys.stderr, flush=True)
-        bench = self.backend.warm(shared=True) if shared else self.backend.warm()
+        # a backend's warm() takes no argument (a test backend's, say); torch's also takes ``shared``
+        takes_shared = "shared" in inspect.signature(self.backend.warm).parameters
+        bench = self.backend.warm(shared=shared) if takes_shared else self.backend.warm()
         torch = sys.modules.get("torch")  # loaded by the torch backend; a test backend has none
         self.info = {"pid": os.getpid(), "device": str(self.backend.device),
                      "torch": getattr(torch, "__version__", "none"), "bench": bench, "test_delay": self.test_delay,

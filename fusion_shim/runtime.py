@@ -17,9 +17,17 @@ Issue 8 (reliability):
 - Under ``remote`` only a cold worker (starting, or restarted) is waited for; a worker that faulted is
   probed again in the background (backing off) while calls run locally, so no call waits on it.
 - One channel per thread and per process: a forked child opens its own (``Channel.pid``).
+
+Issue 5: on a host with no GPU (:func:`gpu_visible`), an embedded worker under ``auto`` would run
+torch on the very CPUs the program already has. It is started only once the program has run
+``CPU_WORKER_AFTER_S``: its start (process, torch import, self-benchmark) cost programs of 0.3-1.4 s
+on the 2-core development machine 4-16% even at idle priority, while torch's multi-threaded FFTs can
+win a few percent back only over a long run. Until then every floor is NEVER (nothing can leave the
+process) and the report says why. ``FUSION_SHIM_DEVICE=cpu`` starts it at once.
 """
 from __future__ import annotations
 
+import glob
 import inspect
 import itertools
 import os
@@ -55,6 +63,18 @@ DEADLINE_FACTOR = 20.0   # once the family has a measured worker time (before th
 SYNC_LINK_PROBE_S = 0.05  # a call predicted to take this long here waits for its link's first bandwidth probe,
 SYNC_LINK_PROBE_RTTS = 100  # and this many of the link's round trips
 REPROBE_MAX_S = 5.0  # a faulted worker is probed again after 0.1 s, doubling up to this
+CPU_WORKER_AFTER_S = 10.0  # no GPU here: the embedded (CPU) worker starts once the program has run this long
+
+
+def gpu_visible() -> bool:
+    """Whether this host shows a GPU the embedded worker's torch could use, without importing torch:
+    NVIDIA's device files or driver list, or ROCm's ``/dev/kfd``; ``CUDA_VISIBLE_DEVICES`` set empty
+    or to -1 hides them."""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and hidden.strip() in ("", "-1"):
+        return False
+    return bool(glob.glob("/dev/nvidia[0-9]*") or glob.glob("/proc/driver/nvidia/gpus/*")
+                or os.path.exists("/dev/kfd"))
 
 
 def _lower_priority(pid: int) -> None:
@@ -505,6 +525,13 @@ class Runtime:
                                     ops={s.name: s.family for s in (*CATALOG, *OPERATORS)})
         self.planner.inputs_may_be_resident = config.residency
         self.planner.on_floors = self._publish_floor
+        # an embedded CPU worker is deferred (see the module's docstring); decided before the
+        # interceptor reads the floors, which stay NEVER until it starts
+        self.deferred = (config.policy == "auto" and self._urls == [None] and config.device == "auto"
+                         and not gpu_visible())
+        if self.deferred:
+            self.planner.held = True
+            self.planner.refresh_floors()
         self.links: list[WorkerLink] = []
         self._inflight_lock = threading.Lock()
         self.fast_calls: dict[str, list] = {}  # op name -> its C fast paths (intercept), which hold its floor
@@ -532,11 +559,36 @@ class Runtime:
         self.links = [WorkerLink(self.config, self.ledger, self.planner, self.guard, url, i)
                       for i, url in enumerate(self._urls)]
         self.link = self.links[0]  # the first (with one worker, the only one)
+        if self.deferred:
+            self.link.state = "deferred"
+            self.ledger.event(f"no GPU on this host: the embedded worker would run on this program's own CPUs, "
+                              f"so it starts only after {CPU_WORKER_AFTER_S:g} s of run (FUSION_SHIM_DEVICE=cpu "
+                              "starts it now; FUSION_SHIM_WORKER connects to another host's)")
+            timer = threading.Timer(CPU_WORKER_AFTER_S, self._start_deferred)
+            timer.daemon = True
+            timer.start()
+            return
         self._background(self.planner.refresh_floors, "fusion-shim-floors")  # from priors until one is ready
         for link in self.links:
             link.start()
         if self.export_env and self.link.embedded:
             os.environ["FUSION_SHIM_WORKER"] = self.link.url
+
+    def _start_deferred(self) -> None:
+        """The deferred embedded CPU worker: the program has run long enough to pay for its start."""
+        from . import intercept
+
+        link = self.link
+        if (intercept._runtime is not self or link is None or link.stopped or link.state != "deferred"
+                or os.getpid() != link.owner):
+            return
+        self.deferred = False
+        self.planner.held = False
+        self.ledger.event(f"the program has run {CPU_WORKER_AFTER_S:g} s: starting the embedded worker on this host's CPUs")
+        self._background(self.planner.refresh_floors, "fusion-shim-floors")
+        link.start()
+        if self.export_env:
+            os.environ["FUSION_SHIM_WORKER"] = link.url
 
     # -- what the interceptor and the planner read (issue 5) ----------------------------------------
     @property

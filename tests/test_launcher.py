@@ -290,10 +290,11 @@ KIDS = """\
 @pytest.mark.parametrize("launch", ["FUSION_SHIM=1", "python -m fusion_shim"])
 def test_children_are_intercepted(tmp_path, launch):
     prog = write(tmp_path / "kids.py", KIDS)
+    # DEVICE=cpu: on a host without a GPU the embedded worker is otherwise deferred (issue 5)
     if launch == "FUSION_SHIM=1":
-        r = run([str(prog)], tmp_path, clean_env(FUSION_SHIM="1", FUSION_SHIM_QUIET="1"))
+        r = run([str(prog)], tmp_path, clean_env(FUSION_SHIM="1", FUSION_SHIM_QUIET="1", FUSION_SHIM_DEVICE="cpu"))
     else:
-        r = shim([str(prog)], tmp_path)
+        r = shim([str(prog)], tmp_path, clean_env(FUSION_SHIM_DEVICE="cpu"))
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.splitlines()[-1])
     parent_worker = out["parent"]["worker"]

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from fusion_shim.plan import NEVER, Call, Planner, Profile, WorkerState, decide, floors
+from fusion_shim.plan import NEVER, Call, Decision, Planner, Profile, WorkerState, decide, floors
 from fusion_shim.plan.model import BUCKET, LinkModel, RateModel
 
 READY = [WorkerState("ready")]
@@ -290,3 +290,54 @@ def test_worker_ready_reads_both_benchmark_forms():
     dev = planner.profile.workers[0].device
     assert dev.predict("numpy.matmul", "products", "f4", 1e10)[0] == pytest.approx(5e-3)
     assert planner.profile.workers[0].benchmarked
+
+
+def test_a_prior_alone_needs_twice_the_margin():
+    """A local side known only by its static prior (no curve, no call measured) is trusted at
+    Z_PRIOR sigmas: a worker predicted 4x faster is not enough (the linalg prior read eigh 3.5x slow
+    on the development machine), 40x is."""
+    from fusion_shim.plan.model import PRIOR_GFLOPS
+
+    p = Profile(1)
+    p.workers[0].link.set_measured(1e-4, 1e12, 1e12)
+    call = Call("numpy.linalg.eigh", "linalg", "f8", 9.0 * 768**3, 8 * 768 * 768, 8 * 768 * 768)
+    prior = PRIOR_GFLOPS["linalg"]
+    p.workers[0].device.set_curve("linalg", "f8", [(1e9, 1e9 / (4 * prior * 1e9))])  # 4x the prior
+    d = decide("auto", call, p, READY)
+    assert d.where == "local" and d.local_sigma >= 1.0 and d.remote_s * 3 < d.local_s
+    p.workers[0].device.set_curve("linalg", "f8", [(1e9, 1e9 / (40 * prior * 1e9))])
+    assert decide("auto", call, p, READY).where == "worker"
+    # once this machine has a measured curve the ordinary margin applies: 4x is plenty
+    p.workers[0].device.set_curve("linalg", "f8", [(1e9, 1e9 / (4 * prior * 1e9))])
+    p.local.set_curve("linalg", "f8", [(1e9, 1e9 / (prior * 1e9))])
+    assert decide("auto", call, p, READY).where == "worker"
+
+
+def test_calls_that_cannot_win_raise_their_ops_floor_until_the_models_change():
+    """A same-speed worker on a slow link: the models' floor for matmul is finite (a device priced
+    1.5 sigma fast could win on the largest sizes), but calls that could not win even so raise it
+    past themselves after HOPELESS_CALLS of them; a refresh from the models drops the raise."""
+    from fusion_shim.plan import planner as planner_mod
+
+    events = []
+    planner = Planner("auto", 1, profile=profile(local=100, worker=100, rtt=1e-3, bw=1e9), on_event=events.append)
+    planner.worker_ready(0, None, 1e-3, 1e9, 1e9)
+    cell = planner.floor_cells["numpy.matmul"]
+    model_floor = cell[0]
+    call = matmul(1024)
+    assert model_floor < call.bytes_in < NEVER
+    for i in range(planner_mod.HOPELESS_CALLS):
+        assert cell[0] == model_floor
+        d = planner.decide(call, READY)
+        assert d.where == "local" and not d.explore
+        planner.observed_local(call, d, call.flops / 100e9)
+    assert cell[0] == call.bytes_in + 1 and planner.raised == {"numpy.matmul": call.bytes_in + 1}
+    assert planner.floor_bytes <= cell[0] and any("floor of numpy.matmul raised" in e for e in events)
+    # a call that could win (a 20x faster worker) is no evidence
+    fast = Planner("auto", 1, profile=profile(local=100, worker=2000, rtt=1e-4, bw=1e10))
+    fast.worker_ready(0, None, 1e-4, 1e10, 1e10)
+    for _ in range(3):  # decided local (say, no budget to explore), yet it could have won
+        fast.observed_local(matmul(1024), Decision("local", "test", 0.02, 0.002), 0.02)
+    assert fast.raised == {} and fast.floor_cells["numpy.matmul"][0] < matmul(1024).bytes_in
+    planner.refresh_floors()  # the models changed (a link measured, a worker back, ...)
+    assert cell[0] == model_floor and planner.raised == {}

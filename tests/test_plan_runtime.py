@@ -294,3 +294,62 @@ def test_worker_self_benchmark_is_short_when_it_shares_the_programs_cpus():
         assert all(s > 0 for pts in bench["points"].values() for _, s in pts)
     assert len(shared["points"]["products/f8"]) == 2 and len(own["points"]["products/f8"]) == 3
     assert max(f for f, _ in own["points"]["products/f8"]) > max(f for f, _ in shared["points"]["products/f8"])
+
+
+# -- no GPU on this host: the embedded worker is deferred -----------------------------------------------
+
+def test_without_a_gpu_the_embedded_worker_waits_for_a_long_enough_run(monkeypatch):
+    """On a host with no GPU an embedded worker would run torch on the program's own CPUs: under
+    auto it starts only after CPU_WORKER_AFTER_S of run; until then nothing leaves the process (every
+    floor NEVER, in C too), and the report says why."""
+    from fusion_shim import runtime
+    from fusion_shim.intercept import native
+
+    monkeypatch.setattr(runtime, "gpu_visible", lambda: False)
+    monkeypatch.setattr(runtime, "CPU_WORKER_AFTER_S", 1.0)
+    rt = fusion_shim.install(policy="auto", quiet=True)
+    try:
+        assert rt.link.state == "deferred" and rt.link.proc is None
+        assert rt.floor_cell("numpy.linalg.svd")[0] == NEVER and rt.floor_bytes == NEVER
+        if native.available():
+            assert native._native.get_floor() == NEVER
+        a = RNG.standard_normal((300, 300))
+        np.linalg.svd(a)
+        assert not [r for r in rt.ledger.records if r.op == "numpy.linalg.svd"]  # one comparison, no record
+        rep = fusion_shim.report()
+        assert rep["ops"]["numpy.linalg.svd"]["below_floor"] == 1
+        assert any("no GPU on this host" in e["what"] for e in rep["events"])
+        assert rt.link.wait_ready(60)  # started by the timer, warmed, connected
+        assert rt.link.proc is not None and rt.floor_cell("numpy.linalg.svd")[0] < NEVER
+        assert any("starting the embedded worker" in e["what"] for e in fusion_shim.report()["events"])
+    finally:
+        fusion_shim.uninstall()
+
+
+def test_device_cpu_or_a_gpu_starts_the_embedded_worker_at_install(monkeypatch):
+    from fusion_shim import runtime
+
+    monkeypatch.setattr(runtime, "gpu_visible", lambda: False)
+    for settings in ({"device": "cpu"}, {"policy": "remote"}):
+        rt = fusion_shim.install(**{"policy": "auto", **settings}, quiet=True)
+        try:
+            assert rt.link.state != "deferred" and rt.link.proc is not None, settings
+        finally:
+            fusion_shim.uninstall()
+    monkeypatch.setattr(runtime, "gpu_visible", lambda: True)
+    rt = fusion_shim.install(policy="auto", quiet=True)
+    try:
+        assert rt.link.proc is not None
+    finally:
+        fusion_shim.uninstall()
+
+
+def test_gpu_visible_respects_cuda_visible_devices(monkeypatch):
+    from fusion_shim import runtime
+
+    for hidden in ("", "-1"):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+        assert runtime.gpu_visible() is False
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(runtime.glob, "glob", lambda pattern: ["/dev/nvidia0"] if pattern.startswith("/dev/") else [])
+    assert runtime.gpu_visible() is True

@@ -9,7 +9,7 @@ end. Each process gets an empty calibration cache: every ``auto`` run is a cold 
 
 Each program runs its work ``FS_WORKLOAD_REPEAT`` times (default 4) in its process.
 
-Modes: ``plain`` (NumPy without the shim; cold-cpu only), ``local`` (policy local), ``remote`` (policy remote: every supported call to the worker; the
+Modes: ``plain`` (NumPy without the shim; cold-cpu and cpu-worker only), ``local`` (policy local), ``remote`` (policy remote: every supported call to the worker; the
 first one waits for it), ``auto``, and ``measure``: policy remote with every answer also computed here
 (verify=all), which gives each call's time in both places. The *oracle* total is the measure pass's
 total with each intercepted call's time replaced by the smaller of its two measured times (the wait
@@ -17,8 +17,10 @@ for a cold worker and the comparison itself left out): a per-call best placement
 beat, that knows nothing of cold starts. To keep the program's own (noisy) time out of it, the oracle
 compared is the best all-local total less what the faster place saved per call in the measuring pass.
 
-Conditions: ``cold-cpu``: the embedded CPU worker on this machine, started by the shim (no cached
-calibration: remote never helps here); ``slow-client``: the client held to one core and one BLAS
+Conditions: ``cold-cpu``: the shim's default on this machine, which has no GPU: the embedded worker
+is deferred (it would start after 10 s of run; these programs end before), under ``remote`` it starts
+at install; ``cpu-worker``: the embedded CPU worker started at install all the same
+(``FUSION_SHIM_DEVICE=cpu``: remote never helps here either); ``slow-client``: the client held to one core and one BLAS
 thread (taskset + *_NUM_THREADS=1), a worker on loopback with both cores; ``loopback``: a worker on
 127.0.0.1; ``10g-0.1ms``, ``1g-1ms``, ``100m-10ms``: EMULATED links (benchmarks/linkemu.py). Local and
 auto runs are repeated ``--reps`` times, interleaved; the best of each is compared (remote and
@@ -45,7 +47,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from benchmarks.workloads import WORKLOADS  # noqa: E402
 
-CONDITIONS = ("cold-cpu", "slow-client", "loopback", "10g-0.1ms", "1g-1ms", "100m-10ms")
+CONDITIONS = ("cold-cpu", "cpu-worker", "slow-client", "loopback", "10g-0.1ms", "1g-1ms", "100m-10ms")
+LOCAL_HOST = ("cold-cpu", "cpu-worker")  # remote never helps: auto <= 1.03 x all-local
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # each program runs its work this many times in its process (0.1-0.5 s once: too short to tell 3%
 # from this machine's noise); with residency, repeated inputs are already on the worker
@@ -66,11 +69,11 @@ def child(workload: str, mode: str, workers: str | None, out: str) -> None:
     data = mod.setup()
     repeat = int(os.environ.get("FS_WORKLOAD_REPEAT", "1"))  # the program runs its work this many times
     if mode == "plain":  # NumPy alone, no shim: what the interception itself costs shows against it
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         checksum = sum(mod.run(data) for _ in range(repeat))
         with open(out, "w") as f:
             json.dump({"workload": workload, "mode": mode, "total_s": time.perf_counter() - t0,
-                       "checksum": checksum}, f)
+                       "cpu_s": time.process_time() - c0, "checksum": checksum}, f)
         return
     settings = {"policy": {"measure": "remote"}.get(mode, mode), "quiet": True, "timeout": 600.0}
     if mode == "measure":
@@ -79,12 +82,12 @@ def child(workload: str, mode: str, workers: str | None, out: str) -> None:
         settings["workers"] = workers.split(",")
     t_install = time.perf_counter()
     rt = fusion_shim.install(**settings)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     checksum = sum(mod.run(data) for _ in range(repeat))
-    total = time.perf_counter() - t0
+    total, cpu = time.perf_counter() - t0, time.process_time() - c0
     rep = fusion_shim.report()
     recs = rep["records"] if rep else []
-    result = {"workload": workload, "mode": mode, "total_s": total, "install_s": t0 - t_install,
+    result = {"workload": workload, "mode": mode, "total_s": total, "cpu_s": cpu, "install_s": t0 - t_install,
               "checksum": checksum, "calls": rep["summary"]["calls"] if rep else {},
               "events": [e["what"] for e in rep["events"]] if rep else [],
               "explored": getattr(getattr(rt, "planner", None), "explored", 0)}
@@ -161,11 +164,14 @@ def run_condition(name: str, workloads: list[str], reps: int, log) -> dict:
     env_extra: dict = {}
     link = None
     measured = None
-    label = {"cold-cpu": "embedded CPU worker on this machine, started by the shim at install (cold)",
+    label = {"cold-cpu": "the default on this machine without a GPU: the embedded worker deferred (started "
+                         "after 10 s of run, past these programs' end; at install under policy remote)",
+             "cpu-worker": "embedded CPU worker on this machine started at install (FUSION_SHIM_DEVICE=cpu), cold",
              "slow-client": "client on 1 core + 1 BLAS thread (taskset), worker on loopback with 2 cores"}.get(name)
     workers = None
-    if name == "cold-cpu":
-        pass  # the shim starts its own worker in every process
+    if name in LOCAL_HOST:  # the shim starts (or defers) its own worker in every process
+        if name == "cpu-worker":
+            env_extra = {"FUSION_SHIM_DEVICE": "cpu"}
     else:
         cond = linkemu.CONDITIONS["loopback" if name == "slow-client" else name]
         if cond.netns:
@@ -186,7 +192,7 @@ def run_condition(name: str, workloads: list[str], reps: int, log) -> dict:
             for w in workloads:
                 # local and auto back to back in every round: the pairs see the same load
                 modes = (["local", "auto"] if rep % 2 == 0 else ["auto", "local"])
-                modes += ["plain"] if name == "cold-cpu" else []
+                modes += ["plain"] if name in LOCAL_HOST else []
                 if rep == 0:
                     modes += ["remote", "measure"]
                 elif rep == 1 and not slow_link:
@@ -270,7 +276,7 @@ def table(results: dict) -> str:
         meas = (f" — measured: round trip {m['rtt_ms']:.2f} ms, {m['up_MBps']:.0f} MB/s up, "
                 f"{m['down_MBps']:.0f} MB/s down" if m else "")
         plain = any(r.get("plain_s") for r in cond["summary"])
-        cold = cond["condition"] == "cold-cpu"
+        cold = cond["condition"] in LOCAL_HOST
         head = (["workload"] + (["NumPy alone s"] if plain else []) +
                 ["local s", "remote s", "auto s", "oracle s", "auto / min(local, remote)", "auto / oracle",
                  "auto / local", "auto / local, median of pairs", "local max/min"] +

@@ -10,6 +10,17 @@ path; one op's floor after its first measurements here is 0.1 ms of arithmetic, 
 
 Exploration budget: ``EXPLORE_FRACTION`` of the intercepted time recorded so far, minus what
 explored calls cost over the prediction for the place not taken.
+
+Floors from evidence: the models' floor is the smallest work of an op's *densest* shape that could
+win, and models extrapolate (a CPU worker as fast as this machine "could win" at most sizes once its
+device is priced 1.5 sigma optimistic). Every call above its floor takes the slow path, which after a
+BLAS call has emptied the caches costs 0.2-0.3 ms (40 us warm): 3% of a 10 ms matmul, on each call.
+So when ``HOPELESS_CALLS`` of an op's calls could not have won on any ready worker under the floor's
+own optimistic test (inputs free where residency may keep them, the device Z_FLOOR sigmas fast), the
+op's floor rises just past the largest of them; calls of that size then cost one comparison. Any
+refresh from the models (a worker ready or back, a link measured, a calibration, a worker's first
+measurements of an op) drops these raises and evidence is gathered again. The price: a call of the
+op with fewer input bytes but more work than the hopeless ones (a denser shape) stays local unseen.
 """
 from __future__ import annotations
 
@@ -21,13 +32,14 @@ from typing import Any, Callable, Sequence
 
 from . import calibrate
 from .model import FAMILIES, Profile
-from .policy import NEVER, Call, Decision, WorkerState, decide, family_of, floors
+from .policy import NEVER, Call, Decision, WorkerState, could_win, decide, family_of, floors
 
 EXPLORE_FRACTION = 0.02
 OWN_SAMPLES_ENOUGH = 2   # a (family, dtype) with this many measured calls of its own is not probed
 PROBE_DEFER_S = 0.5      # a probe waits this long first: the program's own calls may measure it meanwhile
 FLOORS_AFTER_SAMPLES = 2  # the floors are recomputed after each of an op's first local measurements
 FLOOR_BYTES = 64 * 1024  # the floor until the models have produced one (a background thread does)
+HOPELESS_CALLS = 2  # an op's calls that could not win anywhere, even optimistically, before its floor rises past them
 
 
 def _never_raises(method: Callable) -> Callable:
@@ -65,6 +77,11 @@ class Planner:
         self._wanted: set[tuple[str, str]] = set()
         self._queue: list[tuple[str, str]] = []
         self._probed: set[tuple[str, str]] = set()  # probed, queued, or read from the cache
+        self._hopeless: dict[str, int] = {}  # op -> its calls that could not win anywhere, since the last refresh
+        self.raised: dict[str, int] = {}     # op -> the floor the evidence gave it (reported)
+        self.raises = 0
+        # set while no worker exists yet (the runtime defers an embedded CPU worker): every floor is NEVER
+        self.held = False
         self._computed: set[str] = set()  # ops whose floor the models have produced (floor_bytes: their minimum)
         self._calibrating = False
         # one cell per op, read by the interceptor's fast path without a lock: [floor in bytes]
@@ -108,6 +125,9 @@ class Planner:
             self._reset(msg, call.family, call.dtype, local=True)
         if first:  # the first measurements of an op here can move its floor a long way
             self._refresh_floor(call.op, call.family)
+        if (decision is not None and decision.where == "local" and not decision.explore
+                and decision.remote_s is not None):
+            self._evidence(call)
 
     @_never_raises
     def measured_local(self, call: Call, seconds: float) -> None:
@@ -130,12 +150,17 @@ class Planner:
                 self.explore_spent_s += max(seconds - decision.local_s, 0.0)
                 self.explored += 1
             model = self.profile.workers[worker]
+            first = model.device.samples(call.op, call.dtype) < FLOORS_AFTER_SAMPLES
             if kernel_s is not None and kernel_s > 0:
                 msgs.append(model.device.observe(call.op, call.family, call.dtype, call.flops, kernel_s))
                 msgs.append(model.link.observe(up, down, max(seconds - kernel_s, 1e-6)))
         for msg in msgs:
             if msg:
                 self._reset(msg, call.family, call.dtype, local=False)
+        if first and self.raised and self.background is not None:
+            # the worker's first measurements of an op can move its family's curve: floors raised on
+            # the old one are evidence no more
+            self.background(self.refresh_floors, "fusion-shim-floors")
 
     @_never_raises
     def timed_out(self, worker: int, call: Call, seconds: float) -> None:
@@ -236,6 +261,7 @@ class Planner:
                 # a probe costs CPU the program may want (on 2 cores, 10-30% of a short program);
                 # a program that keeps calling the family measures it for free within a few calls
                 time.sleep(PROBE_DEFER_S)
+            measured = False
             while True:
                 with self.lock:
                     if not self._queue:
@@ -256,7 +282,9 @@ class Planner:
                     self.curves_from[(family, dtype)] = source
                 self.on_event(f"local {family} {dtype} calibrated ({source}): " + ", ".join(
                     f"{f / s / 1e9:.3g} GFLOP/s at {f:.2g} flops" for f, s in points))
-            self.refresh_floors()
+                measured = True
+            if measured:  # else the program's own calls have refreshed what they changed
+                self.refresh_floors()
         except BaseException:
             with self.lock:
                 self._calibrating = False
@@ -273,16 +301,40 @@ class Planner:
         done inline (a thread per refresh cost a short program more: starting one waits for the
         GIL while BLAS holds both cores). Nothing before a worker is ready: its readiness
         refreshes every floor."""
-        if self.policy != "auto":
+        if self.policy != "auto" or self.held:
             return
         with self.lock:
             ready = sorted(self.ready)
         if not ready:
             return
         value = floors(self.profile, ready, inputs_free=self.inputs_may_be_resident, ops={op: family})[op]
-        self.floor_cells[op][0] = value
+        self.floor_cells[op][0] = max(value, self.raised.get(op, 0))
         self._computed.add(op)
         self._set_floor_bytes(min(self.floor_cells[o][0] for o in list(self._computed)), (op,))
+
+    def _evidence(self, call: Call) -> None:
+        """A call decided local: if it could not have won anywhere even optimistically, and it is
+        the op's HOPELESS_CALLS-th such since the last refresh, the op's floor rises past it."""
+        if self.policy != "auto":
+            return
+        with self.lock:
+            ready = sorted(self.ready)
+        if not ready or could_win(self.profile, ready, call, self.inputs_may_be_resident):
+            return
+        with self.lock:
+            n = self._hopeless[call.op] = self._hopeless.get(call.op, 0) + 1
+            cell = self.floor_cells[call.op]
+            if n < HOPELESS_CALLS or cell[0] > call.bytes_in:
+                return
+            first = call.op not in self.raised
+            cell[0] = self.raised[call.op] = call.bytes_in + 1
+            self.raises += 1
+            self._computed.add(call.op)
+            low = min(self.floor_cells[o][0] for o in list(self._computed))
+        self._set_floor_bytes(low, (call.op,))
+        if first:
+            self.on_event(f"floor of {call.op} raised to {_size(call.bytes_in + 1)}: {n} of its calls could not "
+                          "have won on any worker, even at its most optimistic")
 
     def _set_floor_bytes(self, low: int, ops: Any) -> None:
         self.floor_bytes = low
@@ -295,7 +347,12 @@ class Planner:
             return
         with self.lock:
             ready = sorted(self.ready)
-        new = floors(self.profile, ready or None, inputs_free=self.inputs_may_be_resident, ops=self.ops)
+            self._hopeless.clear()
+            self.raised.clear()
+        if self.held:  # no worker yet: nothing can leave the process
+            new = {op: NEVER for op in (self.ops or self.floor_cells)}
+        else:
+            new = floors(self.profile, ready or None, inputs_free=self.inputs_may_be_resident, ops=self.ops)
         for op, value in new.items():
             self.floor_cells[op][0] = value
         self._computed.update(new)

@@ -12,8 +12,8 @@ What ``auto`` prices, per candidate worker (issue 5):
 - the work queued ahead of the call on that worker (``backlog_s``; a busy worker is not free);
 - a cold or warming worker is never a candidate: its warm-up is never waited for.
 
-The margin is ``exp(Z * sqrt(sigma_local^2 + sigma_remote^2))``: wide for priors, narrowing as the
-models gather samples. Exploration tries the place predicted slower when it could plausibly win
+The margin is ``exp(Z * sqrt(sigma_local^2 + sigma_remote^2))``: wide for priors (Z_PRIOR where a side
+has nothing but the static prior), narrowing as the models gather samples. Exploration tries the place predicted slower when it could plausibly win
 (optimistic by Z_EXPLORE sigmas), its model has few samples for that size, and what it could cost
 (priced pessimistically, Z_EXPLORE_COST sigmas slow) fits the exploration budget the caller passes in
 (plan.planner keeps it under ~2% of the run's intercepted time).
@@ -24,12 +24,16 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from .model import Profile
+from .model import SIGMA_PRIOR, Profile
 
 Z = 1.0                  # margin in sigmas of the difference of the two predictions' logs
+Z_PRIOR = 2.0            # the same where one side is only a static prior (no curve, no sample): a
+#                          prior is trusted at 2 sigma (the linalg prior read eigh 3.5x slow here,
+#                          and at 1 sigma every decomposition's first calls went to a CPU worker)
 Z_EXPLORE = 2.0          # "could plausibly win": optimistic by this many sigmas
-Z_EXPLORE_COST = 1.0     # what an exploration could cost: pessimistic by this many sigmas (the budget
-#                          is charged what it did cost, so a worse one only delays the next)
+Z_EXPLORE_COST = 2.0     # what an exploration could cost: pessimistic by this many sigmas (the budget
+#                          is charged what it did cost, so a worse one only delays the next; at 1 sigma
+#                          one 200x200 eigh read off the worker's solve curve cost 7% of a 0.3 s program)
 MIN_LOG_MARGIN = 0.02    # never offload on a predicted gain under 2%
 EXPLORE_SAMPLES = 2      # a place with fewer samples than this for the call's size may be explored
 CANDIDATE_STATES = ("ready", "busy")
@@ -103,7 +107,8 @@ def decide(policy: str, call: Call, profile: Profile, workers: Sequence[WorkerSt
     if call.flops < min_flops:
         return Decision("local", f"below the floor: {call.flops:.3g} flops < {min_flops:.3g}")
     spread = math.hypot(sigma_l, sigma_r)
-    margin = math.exp(Z * spread + MIN_LOG_MARGIN)
+    z = Z_PRIOR if max(sigma_l, sigma_r) >= SIGMA_PRIOR else Z
+    margin = math.exp(z * spread + MIN_LOG_MARGIN)
     if remote_s * margin < local_s:
         if (n_l < EXPLORE_SAMPLES and local_s * math.exp(-Z_EXPLORE * sigma_l) < remote_s
                 and 0 < local_s * math.exp(Z_EXPLORE_COST * sigma_l) - remote_s <= explore_left_s):
@@ -156,6 +161,32 @@ def family_of(op: str) -> str:
             "linalg" if op.startswith(("numpy.linalg.", "scipy.linalg.")) else "products")
 
 
+def _could_win(profile: Profile, remotes: Sequence[tuple], op: str, family: str, dtype: str, flops: float,
+               up: int, down: int) -> bool:
+    """Whether a call of this work could beat its local prediction on one of ``remotes`` ((link, device)
+    pairs; a None device: infinitely fast) with each device Z_FLOOR sigmas faster than predicted."""
+    # the local side as predicted: a pessimistic local prior (sigma 1) put the floors of small
+    # FFTs at 3 kB, and the slow path's 20-50 us on every such call cost more than it could win
+    here, _, _ = profile.local.predict(op, family, dtype, flops)
+    for link, device in remotes:
+        there = link.predict(up, down)
+        if device is not None:
+            compute, sd, _ = device.predict(op, family, dtype, flops)
+            there += compute * math.exp(-Z_FLOOR * sd)
+        if there < here:
+            return True
+    return False
+
+
+def could_win(profile: Profile, workers: Sequence[int], call: Call, inputs_free: bool = False) -> bool:
+    """The floor's test applied to one real call: could it win on one of ``workers`` (indices into the
+    profile) with the device Z_FLOOR sigmas faster than predicted, and, with ``inputs_free``, its
+    inputs already there? A call that could not is evidence for raising its op's floor (plan.planner)."""
+    remotes = [(profile.workers[i].link, profile.workers[i].device) for i in workers]
+    return _could_win(profile, remotes, call.op, call.family, call.dtype, call.flops,
+                      0 if inputs_free else call.bytes_in, call.bytes_out)
+
+
 def floors(profile: Profile, workers: Sequence[int] | None, inputs_free: bool = False,
            ops: dict[str, str] | None = None) -> dict[str, int]:
     """Input bytes below which each op (``ops``: name -> family; default the ops of FLOOR_SHAPES)
@@ -172,18 +203,8 @@ def floors(profile: Profile, workers: Sequence[int] | None, inputs_free: bool = 
 
     def could_win(op: str, family: str, dtype: str, size: int, cf: int, n: float) -> bool:
         n_in, flops_of, n_out = FLOOR_SHAPES.get(op) or FAMILY_SHAPES[family]
-        flops = flops_of(n) * cf
-        # the local side as predicted: a pessimistic local prior (sigma 1) put the floors of small
-        # FFTs at 3 kB, and the slow path's 20-50 us on every such call cost more than it could win
-        slow_here, _, _ = profile.local.predict(op, family, dtype, flops)
-        for link, device in remotes:
-            there = link.predict(0 if inputs_free else n_in(n) * size, n_out(n) * size)
-            if device is not None:
-                compute, sd, _ = device.predict(op, family, dtype, flops)
-                there += compute * math.exp(-Z_FLOOR * sd)
-            if there < slow_here:
-                return True
-        return False
+        return _could_win(profile, remotes, op, family, dtype, flops_of(n) * cf,
+                          0 if inputs_free else n_in(n) * size, n_out(n) * size)
 
     from .model import REPRESENTATIVE
 

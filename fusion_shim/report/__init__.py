@@ -26,7 +26,8 @@ JSON schema ``fusion_shim.report/1`` (a map):
 - ``planner`` (policies auto and remote, issue 5): ``explored_calls``, ``explore_spent_s`` (what they
   cost over the prediction for the place not taken), ``intercepted_s``, ``explore_fraction`` (the
   budget), ``model_resets``, ``floors_bytes`` (per op: input bytes below which it stays on the fast
-  path), ``calibration`` (per family/dtype: "cache" or "measured"), ``workers`` (url, state, measured
+  path), ``floors_raised_bytes`` (the ops among them whose floor calls that could not win raised,
+  and to what) and ``floor_raises``, ``calibration`` (per family/dtype: "cache" or "measured"), ``workers`` (url, state, measured
   link: ``rtt_s``, ``up_bytes_per_s``, ``down_bytes_per_s``);
 - ``records``: one map per call (``ledger.Record``): at most ``ledger.MAX_PER_SITE`` per site and
   ``ledger.MAX_RECORDS`` in all; ``records_dropped`` counts the rest (they are in the aggregates).
@@ -80,6 +81,7 @@ def planner_section(rt: Any) -> dict[str, Any]:
         "explore_fraction": p.explore_fraction,
         "model_resets": p.profile.local.resets + sum(w.device.resets + w.link.resets for w in p.profile.workers),
         "floors_bytes": {op: cell[0] for op, cell in sorted(p.floor_cells.items())},
+        "floors_raised_bytes": dict(sorted(p.raised.items())), "floor_raises": p.raises,
         "calibration": {f"{f}/{d}": src for (f, d), src in p.curves_from.items()},
         "workers": [{"url": link.url, "state": link.state, "link": link.info.get("link")} for link in rt.links],
     }
@@ -170,6 +172,8 @@ def format_table(report: dict[str, Any]) -> str:
         ready = (f"ready after {w['ready_after_s']:.2f}s" if w.get("ready_after_s") is not None
                  else f"never ready ({w.get('state')})")
         where = f"worker {w['url']} ({info.get('device', '?')}, {ready})"
+        if w.get("state") == "deferred":
+            where = "embedded worker deferred (no GPU on this host)"
     lines.append(f"fusion_shim report · pid {report['pid']} · policy {report['policy']} · {where} · "
                  f"wall {report['wall_s']:.2f}s")
     operators = report.get("operators") or {}

@@ -805,6 +805,17 @@ class TorchBackend:
             m = torch.ones(8, 8, dtype=dt, device=dev)
             torch.matmul(m, m)
             torch.fft.fft(m)
+            # each decomposition once: a library's first call pays its own set-up (a solver handle
+            # on a GPU; on this CPU the first eigh of a run took 28 ms against 4 ms after), which an
+            # explored call would otherwise be charged and the model would learn as its rate
+            spd = m + 8 * torch.eye(8, dtype=dt, device=dev)
+            for fn in (torch.linalg.eigh, torch.linalg.svd, torch.linalg.qr, torch.linalg.cholesky,
+                       torch.linalg.inv, torch.linalg.eigvals, torch.linalg.slogdet,
+                       lambda a: torch.linalg.solve(a, a), lambda a: torch.linalg.lstsq(a, a)):
+                try:
+                    fn(spd)
+                except RuntimeError:  # not on this device or dtype: its calls fail and say so themselves
+                    pass
         # a GPU reaches its rate only on larger problems; an embedded CPU worker shares its CPUs with
         # the program (a cold start warms while the program runs): two small sizes, about 50 ms in
         # all; another CPU worker has its CPUs to itself: three sizes, about 1 s. Rates read beyond

@@ -567,6 +567,9 @@ class Runtime:
             timer = threading.Timer(CPU_WORKER_AFTER_S, self._start_deferred)
             timer.daemon = True
             timer.start()
+            if self.export_env:  # children connect to the worker this process will start, never their own
+                self.link.tmpdir = tempfile.mkdtemp(prefix="fusion-shim-")
+                os.environ["FUSION_SHIM_WORKER"] = self.link.url = f"ipc://{self.link.tmpdir}/worker-0.sock"
             return
         self._background(self.planner.refresh_floors, "fusion-shim-floors")  # from priors until one is ready
         for link in self.links:
@@ -587,8 +590,6 @@ class Runtime:
         self.ledger.event(f"the program has run {CPU_WORKER_AFTER_S:g} s: starting the embedded worker on this host's CPUs")
         self._background(self.planner.refresh_floors, "fusion-shim-floors")
         link.start()
-        if self.export_env:
-            os.environ["FUSION_SHIM_WORKER"] = link.url
 
     # -- what the interceptor and the planner read (issue 5) ----------------------------------------
     @property

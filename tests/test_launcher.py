@@ -444,3 +444,22 @@ def test_report_callable_repeatedly(no_shim):
     from fusion_shim.report import render  # noqa: F401  (importing the submodule must not shadow it)
 
     assert callable(fusion_shim.report) and fusion_shim.report()["policy"] == "local"
+
+
+def test_children_of_a_deferred_parent_wait_for_its_worker_instead_of_starting_their_own(tmp_path):
+    """No GPU (hidden here): the parent defers its embedded CPU worker (issue 5) but tells its children
+    where that worker will listen, so that none of them ever starts one of its own."""
+    prog = write(tmp_path / "deferred.py", """\
+        import json, subprocess, sys
+        import numpy, fusion_shim
+        rt = fusion_shim.active()
+        code = ("import json, numpy, fusion_shim; l = fusion_shim.active().link; "
+                "print(json.dumps([l.url, l.embedded, l.proc is None]))")
+        kid = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout)
+        print(json.dumps({"state": rt.link.state, "url": rt.link.url, "kid": kid}))
+    """)
+    r = shim([str(prog)], tmp_path, clean_env(CUDA_VISIBLE_DEVICES="-1"))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["state"] == "deferred" and out["url"].startswith("ipc://")
+    assert out["kid"] == [out["url"], False, True]  # the parent's future worker; no process of its own

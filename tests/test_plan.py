@@ -341,3 +341,17 @@ def test_calls_that_cannot_win_raise_their_ops_floor_until_the_models_change():
     assert fast.raised == {} and fast.floor_cells["numpy.matmul"][0] < matmul(1024).bytes_in
     planner.refresh_floors()  # the models changed (a link measured, a worker back, ...)
     assert cell[0] == model_floor and planner.raised == {}
+
+
+def test_no_exploration_against_a_local_prior():
+    """Explorations are charged against the local prediction: against a mere prior (which read
+    decompositions 3.5x slow here) they look free. The call runs here first and measures it."""
+    p = Profile(1)
+    p.workers[0].link.set_measured(1e-4, 1e10, 1e10)
+    p.workers[0].device.set_curve("linalg", "f8", [(1e9, 1e9 / 20e9)])  # benchmarked, 2x the local prior
+    call = Call("numpy.linalg.eigh", "linalg", "f8", 9.0 * 768**3, 8 * 768 * 768, 8 * 768 * 768)
+    d = decide("auto", call, p, READY, explore_left_s=10.0)
+    assert d.where == "local" and not d.explore and d.local_sigma >= 1.0
+    p.local.observe(call.op, call.family, call.dtype, call.flops, call.flops / 10e9)  # measured: as the prior said
+    d = decide("auto", call, p, READY, explore_left_s=10.0)
+    assert d.where == "worker" and d.explore  # now it may be tried there

@@ -12,11 +12,12 @@ What ``auto`` prices, per candidate worker (issue 5):
 - the work queued ahead of the call on that worker (``backlog_s``; a busy worker is not free);
 - a cold or warming worker is never a candidate: its warm-up is never waited for.
 
-The margin is ``exp(Z * sqrt(sigma_local^2 + sigma_remote^2))``: wide for priors (Z_PRIOR where a side
-has nothing but the static prior), narrowing as the models gather samples. Exploration tries the place predicted slower when it could plausibly win
-(optimistic by Z_EXPLORE sigmas), its model has few samples for that size, and what it could cost
-(priced pessimistically, Z_EXPLORE_COST sigmas slow) fits the exploration budget the caller passes in
-(plan.planner keeps it under ~2% of the run's intercepted time).
+The margin is ``exp(Z * sqrt(sigma_local^2 + sigma_remote^2))``: wide for priors (Z_PRIOR sigmas
+where a side has nothing but the static prior), narrowing as the models gather samples. Exploration
+tries the place predicted slower when it could plausibly win (optimistic by Z_EXPLORE sigmas), its
+model has few samples for that size, and what it could cost (priced pessimistically, Z_EXPLORE_COST
+sigmas slow) fits the exploration budget the caller passes in (plan.planner keeps it under ~2% of
+the run's intercepted time).
 """
 from __future__ import annotations
 
@@ -31,9 +32,9 @@ Z_PRIOR = 2.0            # the same where one side is only a static prior (no cu
 #                          prior is trusted at 2 sigma (the linalg prior read eigh 3.5x slow here,
 #                          and at 1 sigma every decomposition's first calls went to a CPU worker)
 Z_EXPLORE = 2.0          # "could plausibly win": optimistic by this many sigmas
-Z_EXPLORE_COST = 2.0     # what an exploration could cost: pessimistic by this many sigmas (the budget
-#                          is charged what it did cost, so a worse one only delays the next; at 1 sigma
-#                          one 200x200 eigh read off the worker's solve curve cost 7% of a 0.3 s program)
+Z_EXPLORE_COST = 1.0     # what an exploration could cost: pessimistic by this many sigmas (the budget
+#                          is charged what it did cost, so a worse one only delays the next; at 2 the
+#                          client held to one core never explored the worker that was twice as fast)
 MIN_LOG_MARGIN = 0.02    # never offload on a predicted gain under 2%
 EXPLORE_SAMPLES = 2      # a place with fewer samples than this for the call's size may be explored
 CANDIDATE_STATES = ("ready", "busy")
@@ -119,8 +120,10 @@ def decide(policy: str, call: Call, profile: Profile, workers: Sequence[WorkerSt
                         local_s, remote_s, best, False, sigma_l, sigma_r)
     # exploration: the slower-looking place, when it could win and its price fits the budget; never
     # over a link not yet measured (its prior can be off by far more than its sigma says: on an
-    # emulated 1 Gbit/s link one such exploration cost a third of a short program)
-    if (n_r < EXPLORE_SAMPLES and profile.workers[best].link.measured
+    # emulated 1 Gbit/s link one such exploration cost a third of a short program), nor against a
+    # local side known only by its prior: the call runs here and measures it first (explorations are
+    # charged against the local prediction; a pessimistic prior made twelve of them look free)
+    if (n_r < EXPLORE_SAMPLES and profile.workers[best].link.measured and sigma_l < SIGMA_PRIOR
             and remote_s * math.exp(-Z_EXPLORE * sigma_r) < local_s
             and 0 < explore_left_s and remote_s * math.exp(Z_EXPLORE_COST * sigma_r) - local_s <= explore_left_s):
         return Decision("worker", f"exploring{where}: predicted {_ms(remote_s)} there vs {_ms(local_s)} here, "

@@ -26,9 +26,9 @@ JSON schema ``fusion_shim.report/1`` (a map):
 - ``planner`` (policies auto and remote, issue 5): ``explored_calls``, ``explore_spent_s`` (what they
   cost over the prediction for the place not taken), ``intercepted_s``, ``explore_fraction`` (the
   budget), ``model_resets``, ``floors_bytes`` (per op: input bytes below which it stays on the fast
-  path), ``floors_raised_bytes`` (the ops among them whose floor calls that could not win raised,
-  and to what) and ``floor_raises``, ``calibration`` (per family/dtype: "cache" or "measured"), ``workers`` (url, state, measured
-  link: ``rtt_s``, ``up_bytes_per_s``, ``down_bytes_per_s``);
+  path), ``floors_raised_bytes`` (the ops whose floor was raised by calls that could not win, and
+  to what) and ``floor_raises``, ``calibration`` (per family/dtype: "cache" or "measured"),
+  ``workers`` (url, state, measured link: ``rtt_s``, ``up_bytes_per_s``, ``down_bytes_per_s``);
 - ``records``: one map per call (``ledger.Record``): at most ``ledger.MAX_PER_SITE`` per site and
   ``ledger.MAX_RECORDS`` in all; ``records_dropped`` counts the rest (they are in the aggregates).
 """

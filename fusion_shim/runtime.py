@@ -21,7 +21,7 @@ Issue 8 (reliability):
 Issue 5: on a host with no GPU (:func:`gpu_visible`), an embedded worker under ``auto`` would run
 torch on the very CPUs the program already has. It is started only once the program has run
 ``CPU_WORKER_AFTER_S``: its start (process, torch import, self-benchmark) cost programs of 0.3-1.4 s
-on the 2-core development machine 4-16% even at idle priority, while torch's multi-threaded FFTs can
+on the 2-core development machine 2-16% even at idle priority, while torch's multi-threaded FFTs can
 win a few percent back only over a long run. Until then every floor is NEVER (nothing can leave the
 process) and the report says why. ``FUSION_SHIM_DEVICE=cpu`` starts it at once.
 """

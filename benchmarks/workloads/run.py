@@ -11,8 +11,9 @@ empty calibration cache: every ``auto`` run is a cold start.
 
 Each program runs its work ``FS_WORKLOAD_REPEAT`` times (default 4) in its process.
 
-Modes: ``plain`` (NumPy without the shim; cold-cpu and cpu-worker only), ``local`` (policy local), ``remote`` (policy remote: every supported call to the worker; the
-first one waits for it), ``auto``, and ``measure``: policy remote with every answer also computed here
+Modes: ``plain`` (NumPy without the shim; cold-cpu and cpu-worker only), ``local`` (policy local),
+``remote`` (policy remote: every supported call to the worker; the first one waits for it),
+``auto``, and ``measure``: policy remote with every answer also computed here
 (verify=all), which gives each call's time in both places. The *oracle* total is the measure pass's
 total with each intercepted call's time replaced by the smaller of its two measured times (the wait
 for a cold worker and the comparison itself left out): a per-call best placement no real policy can
@@ -20,11 +21,11 @@ beat, that knows nothing of cold starts. To keep the program's own (noisy) time 
 compared is the best all-local total less what the faster place saved per call in the measuring pass.
 
 Conditions: ``cold-cpu``: the shim's default on this machine, which has no GPU: the embedded worker
-is deferred (it would start after 10 s of run; these programs end before), under ``remote`` it starts
-at install; ``cpu-worker``: the embedded CPU worker started at install all the same
-(``FUSION_SHIM_DEVICE=cpu``: remote never helps here either); ``slow-client``: the client held to one core and one BLAS
-thread (taskset + *_NUM_THREADS=1), a worker on loopback with both cores; ``loopback``: a worker on
-127.0.0.1; ``10g-0.1ms``, ``1g-1ms``, ``100m-10ms``: EMULATED links (benchmarks/linkemu.py). Local and
+is deferred (it would start after 10 s of run; these programs end before), under ``remote`` it
+starts at install; ``cpu-worker``: the embedded CPU worker started at install all the same
+(``FUSION_SHIM_DEVICE=cpu``: remote never helps here either); ``slow-client``: the client held to
+one core and one BLAS thread (taskset + *_NUM_THREADS=1), a worker on loopback with both cores;
+``loopback``: a worker on 127.0.0.1; ``10g-0.1ms``, ``1g-1ms``, ``100m-10ms``: EMULATED links (benchmarks/linkemu.py). Local and
 auto runs are repeated ``--reps`` times, interleaved; the best of each is compared (remote and
 measure run once on the slow links, where they take longest).
 """

@@ -447,9 +447,11 @@ elif mode == "stop_worker":
 def _launch(tmp_path, mode: str) -> tuple[subprocess.Popen, int]:
     prog = tmp_path / "life.py"
     prog.write_text(LIFE_APP)
+    # SIGINT as a terminal gives it: a test run started in the background by a non-interactive
+    # shell (`cmd &`) ignores SIGINT, its children inherit that, and Python then keeps it ignored
     proc = subprocess.Popen([PY, "-m", "fusion_shim", "--policy", "remote", "--device", "cpu", "--quiet",
                              str(prog), mode], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=clean_env())
+                            env=clean_env(), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     line = proc.stdout.readline()
     assert line.strip().isdigit(), (line, proc.stderr.read() if proc.poll() is not None else "")
     return proc, int(line)

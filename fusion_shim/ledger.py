@@ -17,7 +17,10 @@ MAX_RECORDS = 10_000  # full records kept in all
 MAX_PER_SITE = 2_000  # ... and per call site; past it a site is only aggregated (long loops)
 # Production phases in the order a call goes through them. "verify" (a check's local recompute) is
 # kept apart: it is reported on its own line, never inside these (issue 7).
-PHASES = ("wait_ready", "link_probe", "fingerprint", "encode", "send", "transfer", "h2d", "kernel", "d2h", "decode", "local")
+# "abandoned": an exploration's wait for a worker that ran out of its deadline (issue 5), before the
+# call ran here.
+PHASES = ("wait_ready", "link_probe", "fingerprint", "encode", "send", "transfer", "h2d", "kernel", "d2h", "decode",
+          "abandoned", "local")
 
 
 @dataclass

@@ -730,24 +730,33 @@ class Runtime:
         deadline_s = self.config.timeout
         if predicted is not None and (call.op, call.dtype) in link.answered:
             deadline_s = min(deadline_s, max(DEADLINE_FLOOR_S, DEADLINE_FACTOR * predicted))
+        if decision.explore:  # an exploration's cost is bounded: past this it is computed here
+            deadline_s = min(deadline_s, self.planner.explore_deadline(decision))
         with self._inflight_lock:
             link.inflight += 1
             link.backlog_s += predicted or 0.0
         t_sent = time.perf_counter()
         try:
             value = self._remote(prep, rec, link, wired, deadline_s, call, decision)
-        except transport.TransportError as exc:
-            detail = ""
-            if isinstance(exc, transport.Timeout):
-                detail = f" ({deadline_s:.3g} s: predicted {predicted or 0:.3g} s)"
-                # it took at least this long: the next prediction for the op moves up
-                self.planner.timed_out(link.index, call, time.perf_counter() - t_sent)
-            if isinstance(exc, (transport.WorkerDied, transport.WorkerLost)):
-                self._count_crash(op_key, exc)
-            if not isinstance(exc, WorkerFault):  # an error reply is about this call, not the worker
-                link.fault(exc)
-            rec.kind, rec.reason = "fallback", f"{type(exc).__name__}: {exc}{detail}"[:300]
+        except transport.Timeout as exc:
+            if not decision.explore:
+                return self._failed(exc, rec, link, call, op_key, t_sent, deadline_s, predicted)
+            # an exploration out of its deadline: not a fault (the worker is up, only slower than
+            # hoped); the late reply is dropped when it comes, and the call runs here
+            waited = time.perf_counter() - t_sent
+            self.planner.abandoned(link.index, call, waited)
+            rec.phases["abandoned"] = waited
+            rec.kind = "local"
+            rec.reason = (f"exploration abandoned after {waited * 1e3:.3g} ms (predicted {predicted * 1e3:.3g} ms "
+                          f"there, {decision.local_s * 1e3:.3g} ms here): computed here")
+            rec.plan = (call, plan.Decision("local", rec.reason, decision.local_s, decision.remote_s))
+            if self.planner.explorations_abandoned == 1:
+                self.ledger.event(f"an exploration of {call.op} on {link.url} was abandoned after "
+                                  f"{waited * 1e3:.3g} ms and computed here (explorations' cost is bounded "
+                                  "by their budget; the report's planner section counts them)")
             return rec
+        except transport.TransportError as exc:
+            return self._failed(exc, rec, link, call, op_key, t_sent, deadline_s, predicted)
         except Exception as exc:
             # a bug on the shim's own remote path (not NumPy's error, not the worker's: NumPy runs
             # after this, in the caller's frame) must not reach the program either (issue 8)
@@ -762,6 +771,22 @@ class Runtime:
         rec.wall_s = time.perf_counter() - t0
         link.answered.add((call.op, call.dtype))
         return Done(value, rec, prep)
+
+    def _failed(self, exc: Exception, rec: Record, link: "WorkerLink", call: plan.Call, op_key: tuple,
+                t_sent: float, deadline_s: float, predicted: float | None) -> Record:
+        """A call the link failed (issue 8): a fallback, said in its record; the link is faulted
+        unless the worker only answered this call with an error."""
+        detail = ""
+        if isinstance(exc, transport.Timeout):
+            detail = f" ({deadline_s:.3g} s: predicted {predicted or 0:.3g} s)"
+            # it took at least this long: the next prediction for the op moves up
+            self.planner.timed_out(link.index, call, time.perf_counter() - t_sent)
+        if isinstance(exc, (transport.WorkerDied, transport.WorkerLost)):
+            self._count_crash(op_key, exc)
+        if not isinstance(exc, WorkerFault):  # an error reply is about this call, not the worker
+            link.fault(exc)
+        rec.kind, rec.reason = "fallback", f"{type(exc).__name__}: {exc}{detail}"[:300]
+        return rec
 
     def _would_offload_if_resident(self, spec: OpSpec, call: plan.Call) -> bool:
         """Would some ready worker take the call if it held every input? (pure: no learning)"""

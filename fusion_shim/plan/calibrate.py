@@ -5,6 +5,14 @@ on the program's critical path): a few sizes of the family's representative op (
 fft/rfft), best of three timed runs after one warm-up, about 10-50 ms per dtype on the development
 machine. The points become the local RateModel's curve for that family and dtype.
 
+A timed run counts only when the probing thread was on a CPU for most of it (its CPU time over its
+wall time, ``CLEAN_CPU_SHARE``). A probe that shares the CPUs with the program's own BLAS calls, or
+with a worker on the same host, measures them, not this machine: on the 2-core development machine
+a 192x192 matmul took 16 ms instead of 0.16 ms while another process ran BLAS, and one such probe
+set (0.9 GFLOP/s at 14 MFLOP) went into the cache for a week. Unclean runs are retried after a
+pause; a point with no clean run makes the whole probe :class:`Contended`: nothing is cached, and the
+program's own calls teach the model instead.
+
 The cache lives in ``$XDG_CACHE_HOME/fusion_shim`` (``~/.cache/fusion_shim`` by default), one file
 per *build key*: host name, CPU model, the CPUs this process may run on, NumPy's version and BLAS,
 and the BLAS thread settings. A process pinned to one core with one BLAS thread gets its own file.
@@ -34,6 +42,11 @@ THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BL
 # work per element, so they stop one size earlier
 FLOAT_DTYPES = ("f4", "f8", "c8", "c16")
 SIZES = {"products": (64, 192, 512), "linalg": (64, 192, 448), "fft": (1 << 10, 1 << 14, 1 << 18)}
+# a timed run is clean when the probing thread ran for this share of its wall time (measured here:
+# 0.99-1.00 alone, BLAS's calling thread included; 0.44-0.61 with another process running BLAS)
+CLEAN_CPU_SHARE = 0.8
+ATTEMPTS = 12              # timed runs tried per point, at most, to get ``repeat`` clean ones
+CONTENDED_PAUSE_S = 0.02   # after an unclean run: let whatever holds the CPUs finish
 
 
 def cache_dir(env: dict | None = None) -> str:
@@ -109,8 +122,18 @@ class Cache:
             pass  # a read-only home: calibrate again next run, nothing worse
 
 
+class Contended(RuntimeError):
+    """No clean timed run of a probe point: the CPUs were busy with something else throughout."""
+
+    def __init__(self, what: str, share: float):
+        super().__init__(f"{what}: the probing thread got at most {share:.0%} of its wall time on a CPU "
+                         f"in {ATTEMPTS} tries (something else was running)")
+        self.share = share
+
+
 def probe(family: str, dtype: str) -> list[tuple[float, float]]:
-    """(flops, seconds) at a few sizes for the family's representative op in ``dtype``."""
+    """(flops, seconds) at a few sizes for the family's representative op in ``dtype``; raises
+    :class:`Contended` when a size never got a clean timed run."""
     dt = np.dtype(dtype)
     rng = np.random.default_rng(0)
     cf = 4 if dt.kind == "c" else 1
@@ -127,17 +150,36 @@ def probe(family: str, dtype: str) -> list[tuple[float, float]]:
             x = _random(rng, (n,), dt)
             f = np.fft.fft if dt.kind == "c" else np.fft.rfft
             fn, flops = (lambda: f(x)), 5.0 * n * math.log2(n) / (1 if dt.kind == "c" else 2)
-        points.append((flops, best_time(fn)))
+        try:
+            points.append((flops, best_time(fn)))
+        except Contended as exc:
+            raise Contended(f"{family} {dtype} at n={n}", exc.share) from None
     return points
 
 
-def best_time(fn: Callable[[], object], repeat: int = 3) -> float:
+def best_time(fn: Callable[[], object], repeat: int = 3, clock: Callable[[], tuple[float, float]] | None = None,
+              pause: Callable[[float], None] = time.sleep) -> float:
+    """The best of ``repeat`` clean timed runs after one warm-up (see CLEAN_CPU_SHARE); raises
+    :class:`Contended` when ATTEMPTS runs gave fewer than one. ``clock`` returns (wall, this thread's
+    CPU) seconds (tests pass a fake)."""
+    clock = clock or (lambda: (time.perf_counter(), time.thread_time()))
     fn()  # warm: first-touch pages, BLAS thread start-up
-    best = math.inf
-    for _ in range(repeat):
-        t = time.perf_counter()
+    best, clean, share_seen = math.inf, 0, 0.0
+    for _ in range(ATTEMPTS):
+        w0, c0 = clock()
         fn()
-        best = min(best, time.perf_counter() - t)
+        w1, c1 = clock()
+        wall = w1 - w0
+        share = (c1 - c0) / wall if wall > 0 else 1.0
+        share_seen = max(share_seen, share)
+        if share >= CLEAN_CPU_SHARE:
+            best, clean = min(best, wall), clean + 1
+            if clean >= repeat:
+                break
+        else:
+            pause(CONTENDED_PAUSE_S)
+    if not clean:
+        raise Contended("probe", share_seen)
     return best
 
 

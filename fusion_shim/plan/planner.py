@@ -9,7 +9,9 @@ background thread the runtime provides (``background``), never on the applicatio
 path; one op's floor after its first measurements here is 0.1 ms of arithmetic, done inline.
 
 Exploration budget: ``EXPLORE_FRACTION`` of the intercepted time recorded so far, minus what
-explored calls cost over the prediction for the place not taken.
+explored calls cost over the prediction for the place not taken. An exploration on a worker is
+abandoned (computed here, the late reply dropped) once it has taken the local prediction plus what
+is left of the budget (:meth:`Planner.explore_deadline`): its cost is bounded, not only predicted.
 
 Floors from evidence: the models' floor is the smallest work of an op's *densest* shape that could
 win, and models extrapolate (a CPU worker as fast as this machine "could win" at most sizes once its
@@ -39,6 +41,7 @@ OWN_SAMPLES_ENOUGH = 2   # a (family, dtype) with this many measured calls of it
 PROBE_DEFER_S = 0.5      # a probe waits this long first: the program's own calls may measure it meanwhile
 FLOORS_AFTER_SAMPLES = 2  # the floors are recomputed after each of an op's first local measurements
 FLOOR_BYTES = 64 * 1024  # the floor until the models have produced one (a background thread does)
+MAX_SEEDED_OPS = 64  # of a worker's self-benchmarked ops, at most this many are read
 HOPELESS_CALLS = 2  # an op's calls that could not win anywhere, even optimistically, before its floor rises past them
 
 
@@ -72,6 +75,7 @@ class Planner:
         self.intercepted_s = 0.0
         self.explore_spent_s = 0.0
         self.explored = 0
+        self.explorations_abandoned = 0  # explorations on a worker that ran out of their deadline
         self.ready: set[int] = set()
         self.curves_from: dict[tuple[str, str], str] = {}  # (family, dtype) -> "cache" | "measured"
         self._wanted: set[tuple[str, str]] = set()
@@ -162,6 +166,26 @@ class Planner:
             # the old one are evidence no more
             self.background(self.refresh_floors, "fusion-shim-floors")
 
+    def explore_deadline(self, decision: Decision) -> float:
+        """How long an exploration on a worker may take before it is abandoned and computed here: the
+        local prediction plus what is left of the budget. Its price was checked against the budget
+        when it was chosen, but that price is a prediction; on a worker sharing this machine's CPUs
+        one predicted at 3 ms took 115 ms (a third of a short program). So its cost is bounded."""
+        with self.lock:
+            left = self.explore_fraction * self.intercepted_s - self.explore_spent_s
+        return (decision.local_s or 0.0) + max(left, 0.0)
+
+    @_never_raises
+    def abandoned(self, worker: int, call: Call, seconds: float) -> None:
+        """An exploration ran out of :meth:`explore_deadline` after ``seconds`` and is computed here:
+        all of that wait is its cost, and the op takes at least that long there."""
+        with self.lock:
+            self.intercepted_s += seconds
+            self.explore_spent_s += seconds
+            self.explored += 1
+            self.explorations_abandoned += 1
+        self.timed_out(worker, call, seconds)
+
     @_never_raises
     def timed_out(self, worker: int, call: Call, seconds: float) -> None:
         """A call on ``worker`` ran out of its deadline after ``seconds``: it takes at least that long
@@ -191,6 +215,7 @@ class Planner:
                             model.device.set_curve(family, dtype, [tuple(map(float, p)) for p in pts
                                                                    if isinstance(p, (list, tuple)) and len(p) == 2])
                             model.benchmarked = True
+                self._seed_ops(model, bench.get("ops"))
                 if not model.benchmarked:  # an older worker: one float64 rate per family
                     for family in FAMILIES:
                         rate = bench.get(family)
@@ -199,6 +224,23 @@ class Planner:
                             model.benchmarked = True
             self.ready.add(worker)
         self.refresh_floors()
+
+    def _seed_ops(self, model: Any, ops: Any) -> None:
+        """The worker's own timings of single ops (its ``bench["ops"]``: "numpy.linalg.svd/f8" ->
+        [[flops, seconds], ...]) become the first sample of that op's bucket on its device, where it
+        has none yet (a worker back after a fault sends the same ones again). Caller holds the lock."""
+        if not isinstance(ops, dict):
+            return
+        for key, pts in list(ops.items())[:MAX_SEEDED_OPS]:
+            op, _, dtype = str(key).rpartition("/")
+            if not op or (self.ops is not None and op not in self.ops) or not isinstance(pts, list):
+                continue
+            if model.device.samples(op, dtype):
+                continue
+            for p in pts[:4]:
+                if (isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(v, (int, float)) for v in p)
+                        and 0 < p[0] < 1e18 and 0 < p[1] < 1e4):
+                    model.device.observe(op, family_of(op), dtype, float(p[0]), float(p[1]))
 
     @_never_raises
     def link_measured(self, worker: int, up_bps: float, down_bps: float) -> None:
@@ -273,7 +315,12 @@ class Planner:
                 if own >= OWN_SAMPLES_ENOUGH and not force:
                     self.on_event(f"local {family} {dtype}: learnt from {own} of the program's own calls, no probe")
                     continue
-                points = calibrate.probe(family, dtype)
+                try:
+                    points = calibrate.probe(family, dtype)
+                except calibrate.Contended as exc:  # nothing cached: the program's own calls teach it
+                    self.on_event(f"local {family} {dtype} not calibrated: {exc}; it learns from the "
+                                  "program's own calls")
+                    continue
                 source = "measured"
                 if self.cache is not None:
                     self.cache.put(family, dtype, points)

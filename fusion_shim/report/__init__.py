@@ -24,8 +24,9 @@ JSON schema ``fusion_shim.report/1`` (a map):
 - ``summary``: what the table shows, computed (see :func:`summarize`);
 - ``events``: worker lifecycle and pins, ``{"t_s", "what"}``;
 - ``planner`` (policies auto and remote, issue 5): ``explored_calls``, ``explore_spent_s`` (what they
-  cost over the prediction for the place not taken), ``intercepted_s``, ``explore_fraction`` (the
-  budget), ``model_resets``, ``floors_bytes`` (per op: input bytes below which it stays on the fast
+  cost over the prediction for the place not taken), ``explorations_abandoned`` (explorations on a
+  worker that ran out of their deadline and were computed here), ``intercepted_s``,
+  ``explore_fraction`` (the budget), ``model_resets``, ``floors_bytes`` (per op: input bytes below which it stays on the fast
   path), ``floors_raised_bytes`` (the ops whose floor was raised by calls that could not win, and
   to what) and ``floor_raises``, ``calibration`` (per family/dtype: "cache" or "measured"),
   ``workers`` (url, state, measured link: ``rtt_s``, ``up_bytes_per_s``, ``down_bytes_per_s``);
@@ -78,6 +79,7 @@ def planner_section(rt: Any) -> dict[str, Any]:
     p = rt.planner
     return {
         "explored_calls": p.explored, "explore_spent_s": p.explore_spent_s, "intercepted_s": p.intercepted_s,
+        "explorations_abandoned": p.explorations_abandoned,
         "explore_fraction": p.explore_fraction,
         "model_resets": p.profile.local.resets + sum(w.device.resets + w.link.resets for w in p.profile.workers),
         "floors_bytes": {op: cell[0] for op, cell in sorted(p.floor_cells.items())},
@@ -229,7 +231,10 @@ def format_table(report: dict[str, Any]) -> str:
     if pl and (pl["explored_calls"] or pl["model_resets"]):
         share = pl["explore_spent_s"] / pl["intercepted_s"] if pl["intercepted_s"] else 0.0
         lines.append(f"  planner: {pl['explored_calls']} calls explored the place predicted slower, costing "
-                     f"{_ms(pl['explore_spent_s'])} ({share:.1%} of intercepted time); {pl['model_resets']} model resets")
+                     f"{_ms(pl['explore_spent_s'])} ({share:.1%} of intercepted time"
+                     + (f"; {pl['explorations_abandoned']} abandoned at their deadline and computed here"
+                        if pl.get("explorations_abandoned") else "")
+                     + f"); {pl['model_resets']} model resets")
     if sm["prediction_error"]:
         lines.append("  prediction error, median |log(predicted/actual)|: " + ", ".join(
             f"{k} {v['median_abs_log_ratio']:.2f} (n={v['calls']})" for k, v in sm["prediction_error"].items()))

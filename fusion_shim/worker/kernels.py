@@ -15,6 +15,7 @@ the call with the library itself, and the ledger says why (issue 4).
 """
 from __future__ import annotations
 
+import inspect
 import math
 import time
 import warnings
@@ -698,6 +699,12 @@ KERNELS: dict[str, Kernel] = {
     "echo": lambda t, p: [t[0]],
 }
 NUMPY_OF = {v: k for k, v in DTYPES.items()}
+# the decompositions the worker times at start-up, each through its own kernel (TorchBackend._bench_ops):
+# (op, keyword arguments); svd twice, its two variants differing 6x in work
+OPS_BENCH = (("numpy.linalg.eigh", {}), ("numpy.linalg.eigvalsh", {}), ("numpy.linalg.svd", {}),
+             ("numpy.linalg.svd", {"compute_uv": False}), ("numpy.linalg.qr", {}), ("numpy.linalg.cholesky", {}),
+             ("numpy.linalg.inv", {}), ("numpy.linalg.det", {}), ("numpy.linalg.slogdet", {}),
+             ("numpy.linalg.pinv", {}))
 
 
 class TorchBackend:
@@ -847,7 +854,36 @@ class TorchBackend:
                 points[f"{family}/{name}"] = pts
                 if name == "f8":
                     rates[family] = max(f / s for f, s in pts) / 1e9
-        return {**rates, "points": points}
+        # and each decomposition at one size (about 0.2 s shared, 0.5 s on another CPU worker)
+        n = 1024 if big else 192 if shared else 384
+        return {**rates, "points": points, "ops": self._bench_ops(n, repeat=1 if shared else 3)}
+
+    def _bench_ops(self, n: int, repeat: int) -> dict[str, list]:
+        """Each decomposition's own kernel timed once at one size, through the catalog's rule and the
+        kernel a real call runs (float64, n x n, symmetric positive definite): "numpy.linalg.svd/f8":
+        [[flops, seconds], ...]. The family's curve is measured with ``solve``; read off it, the rate of
+        an svd or a qr was out by 2-4x on this CPU, and a GPU's solvers differ from its solve far more."""
+        from ..catalog import BY_NAME, prepare
+        from ..catalog.base import original
+
+        # made with torch: a worker in a thread of a program the shim is installed in (tests) must not
+        # send its own NumPy calls through the shim
+        g = torch.randn(n, n, generator=torch.Generator(device="cpu").manual_seed(0), dtype=torch.float64)
+        spd = (g @ g.T / n + torch.eye(n, dtype=torch.float64)).numpy()
+        out: dict[str, list] = {}
+        for op, kwargs in OPS_BENCH:
+            spec = BY_NAME.get(op)
+            kernel = KERNELS.get(spec.kernel_id) if spec is not None else None
+            if kernel is None:
+                continue
+            try:
+                prep = prepare(spec, inspect.signature(original(spec)), (spd,), kwargs)
+                tensors = [self.to_device(x) for x in prep.arrays]
+                seconds = self._best(lambda: self.compute(kernel, tensors, prep.params, prep.layouts), repeat)
+            except Exception:  # not on this device: its calls say so themselves, and nothing is claimed here
+                continue
+            out.setdefault(f"{op}/f8", []).append([prep.flops, seconds])
+        return out
 
     def _best(self, fn: Callable[[], Any], repeat: int = 3) -> float:
         fn()

@@ -225,7 +225,8 @@ class WorkerLink:
                 raise transport.BadReply(f"hello answered with an error: {header.get('kind')}: {header.get('msg')}")
             if header["t"] != "ready":
                 raise transport.BadReply(f"hello answered with {header['t']!r}")
-            info = {k: header.get(k) for k in ("pid", "device", "torch", "bench", "memory_budget", "numba", "kernels")}
+            info = {k: header.get(k) for k in ("pid", "device", "torch", "bench", "memory_budget", "numba", "kernels",
+                                               "boot")}
             if info.get("pid") != self.info.get("pid"):
                 self.mirror.clear()  # a new worker process holds nothing yet
                 if info.get("numba") == "simulator":  # issue 9: said where the report shows it
@@ -309,6 +310,16 @@ class WorkerLink:
                 chan.close()
             with self._lock:
                 self._bw_probing = False
+
+    def shares_cpus(self) -> bool:
+        """Whether the worker computes on this machine's CPUs (a CPU device, the same boot id; a worker
+        that does not say: a same-host URL): a call abandoned there keeps competing with this process."""
+        if not str(self.info.get("device") or "cpu").startswith("cpu"):
+            return False
+        boot = self.info.get("boot")
+        if isinstance(boot, str) and boot:
+            return boot == shmlane.boot_id()
+        return self.embedded or transport.is_loopback(self.url or "")
 
     def resident_bytes(self, wired: "_Wired") -> int:
         """Bytes of a call's inputs this worker is believed to hold (its residency mirror, issue 6):
@@ -730,7 +741,11 @@ class Runtime:
         deadline_s = self.config.timeout
         if predicted is not None and (call.op, call.dtype) in link.answered:
             deadline_s = min(deadline_s, max(DEADLINE_FLOOR_S, DEADLINE_FACTOR * predicted))
-        if decision.explore:  # an exploration's cost is bounded: past this it is computed here
+        # an exploration's cost is bounded: past this it is computed here; not where the worker computes
+        # on this machine's CPUs, where the abandoned call would go on competing with the local one
+        # (measured on 2 cores: a local solve 10x slower while the worker finished the abandoned one)
+        bounded = decision.explore and not link.shares_cpus()
+        if bounded:
             deadline_s = min(deadline_s, self.planner.explore_deadline(decision))
         with self._inflight_lock:
             link.inflight += 1
@@ -739,7 +754,7 @@ class Runtime:
         try:
             value = self._remote(prep, rec, link, wired, deadline_s, call, decision)
         except transport.Timeout as exc:
-            if not decision.explore:
+            if not bounded:
                 return self._failed(exc, rec, link, call, op_key, t_sent, deadline_s, predicted)
             # an exploration out of its deadline: not a fault (the worker is up, only slower than
             # hoped); the late reply is dropped when it comes, and the call runs here

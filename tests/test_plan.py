@@ -355,3 +355,33 @@ def test_no_exploration_against_a_local_prior():
     p.local.observe(call.op, call.family, call.dtype, call.flops, call.flops / 10e9)  # measured: as the prior said
     d = decide("auto", call, p, READY, explore_left_s=10.0)
     assert d.where == "worker" and d.explore  # now it may be tried there
+
+
+def test_a_workers_drift_from_its_self_benchmark_is_learnt_across_ops():
+    """A worker's self-benchmark runs with the machine to itself; beside a program using BLAS on the
+    same cores its kernels took twice as long. The first call of each op and size measures how far
+    its real calls are from the curves, and predictions read off a curve for ops it has not run yet
+    follow; an op's own measured calls are not moved, nor is the local model."""
+    worker = Profile().workers[0].device
+    assert worker.learn_drift and not Profile().local.learn_drift
+    for op in ("numpy.linalg.svd", "numpy.linalg.qr", "numpy.linalg.eigh"):
+        worker.set_op_curve(op, "f8", [(1e8, 1e-2), (1e10, 0.5)])
+    worker.set_curve("linalg", "f8", [(1e8, 1e-2)])
+    qr_before = worker.predict("numpy.linalg.qr", "linalg", "f8", 1e9)[0]
+    worker.observe("numpy.linalg.svd", "linalg", "f8", 1e9, 2 * worker.predict("numpy.linalg.svd", "linalg", "f8", 1e9)[0])
+    assert worker.drift == pytest.approx(-math.log(2))  # in log rate: half as fast
+    assert worker.predict("numpy.linalg.qr", "linalg", "f8", 1e9)[0] == pytest.approx(2 * qr_before)
+    assert worker.predict("numpy.linalg.solve", "linalg", "f8", 1e8)[0] == pytest.approx(2e-2)  # its family's curve too
+    # the op it measured keeps its own measurement; a second call of it at that size says nothing of the drift
+    svd = worker.predict("numpy.linalg.svd", "linalg", "f8", 1e9)[0]
+    worker.observe("numpy.linalg.svd", "linalg", "f8", 1e9, svd)
+    assert worker.drift_n == 1 and worker.predict("numpy.linalg.svd", "linalg", "f8", 1e9)[0] == pytest.approx(svd)
+    # a lower bound from a call out of its deadline is no evidence of drift; neither is a prior
+    worker.observe("numpy.linalg.eigh", "linalg", "f8", 1e9, 100.0, force=True)
+    worker.observe("numpy.fft.fft", "fft", "c16", 1e9, 100.0)  # no fft curve: read off the prior
+    assert worker.drift_n == 1
+    # the local model learns its ops' own rates but has no drift
+    local = Profile().local
+    local.set_curve("linalg", "f8", [(1e8, 1e-2)])
+    local.observe("numpy.linalg.solve", "linalg", "f8", 1e8, 5e-2)
+    assert local.drift == 0.0 and local.predict("numpy.linalg.inv", "linalg", "f8", 1e8)[0] == pytest.approx(1e-2)

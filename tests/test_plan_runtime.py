@@ -353,7 +353,7 @@ def test_worker_self_benchmark_is_short_when_it_shares_the_programs_cpus():
 def test_worker_times_each_decomposition_through_its_own_kernel():
     """Read off the family's solve curve an svd's rate was out 2-4x on this CPU; the worker times each
     decomposition's own kernel once, at the work a real call of that shape prepares, and the planner
-    takes it as that op's first sample on the worker (not twice when the worker comes back)."""
+    reads that op's predictions off it."""
     import inspect
 
     from fusion_shim.catalog import BY_NAME, prepare
@@ -375,10 +375,8 @@ def test_worker_times_each_decomposition_through_its_own_kernel():
                                      "numpy.linalg.qr/f8": [["x", 1.0], [1e9, -1.0]]}}, 1e-4, 1e10, 1e10)
     dev = planner.profile.workers[0].device
     assert dev.predict("numpy.linalg.svd", "linalg", "f8", svd_f)[0] == pytest.approx(svd_s)
-    assert dev.samples("numpy.linalg.svd", "f8") == 1 and dev.samples("numpy.linalg.qr", "f8") == 0
-    assert dev.samples("numpy.bogus", "f8") == 0  # not an op this planner knows: ignored
-    planner.worker_ready(0, {"ops": {"numpy.linalg.svd/f8": [[svd_f, svd_s]]}}, 1e-4, 1e10, 1e10)
-    assert dev.samples("numpy.linalg.svd", "f8") == 1
+    assert ("numpy.linalg.svd", "f8") in dev.op_curves and ("numpy.linalg.qr", "f8") not in dev.op_curves
+    assert ("numpy.bogus", "f8") not in dev.op_curves  # not an op this planner knows: ignored
     # the decision follows the op's own time, not the solve curve's 1000 GFLOP/s: an svd that takes
     # as long there as here stays here
     planner.profile.local.set_curve("linalg", "f8", [(1e9, 1e-2)])
@@ -458,10 +456,11 @@ def test_gpu_visible_respects_cuda_visible_devices(monkeypatch):
 # -- an exploration's cost is bounded --------------------------------------------------------------------
 
 def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no_fault():
-    """An exploration's price is a prediction; one predicted at 3 ms took 115 ms on a worker sharing
-    this machine's CPUs. It is abandoned once it has taken the local prediction plus what is left of
-    the budget: the call runs here with NumPy's answer, the late reply is dropped, the worker is not
-    faulted, the whole wait is charged to the budget and the op is priced at least that there."""
+    """An exploration's price is a prediction; one predicted at 3 ms took 115 ms. On a worker that does
+    not compute on this machine's CPUs it is abandoned once it has taken the local prediction plus
+    what is left of the budget: the call runs here with NumPy's answer, the late reply is dropped, the
+    worker is not faulted, the whole wait is charged to the budget and the op is priced at least that
+    there. On one that does, it is waited for (the abandoned call would slow the local one)."""
     from fusion_shim.worker import serve_in_thread
 
     url = f"inproc://fusion-shim-tests-slow-explore-{os.getpid()}"
@@ -476,8 +475,24 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
         planner.refresh_floors()
         planner.intercepted_s, planner.explore_spent_s = 1.0, 0.0  # a budget of 20 ms
         real = planner.decide
-        forced = [fusion_shim.plan.Decision("worker", "exploring: test", 0.01, 0.012, 0, True)]
+        forced = [fusion_shim.plan.Decision("worker", "exploring: test", 0.01, 0.012, 0, True)]  # popped first
         planner.decide = lambda call, workers: forced.pop() if forced else real(call, workers)
+        # this worker computes on this machine's CPUs: an abandoned call would go on competing with
+        # the local one, so there the exploration is waited for
+        from fusion_shim.transport import shm as shmlane
+        assert rt.link.info["boot"] == shmlane.boot_id() and rt.link.shares_cpus()
+        t = time.perf_counter()
+        np.testing.assert_allclose(np.matmul(a, a.T), want)
+        assert time.perf_counter() - t >= 0.4 and rt.ledger.records[-1].kind == "worker"
+        assert planner.explorations_abandoned == 0
+        # a GPU worker, or one on another host, is abandoned at the deadline
+        rt.link.info["device"] = "cuda:0"
+        assert not rt.link.shares_cpus()
+        call = fusion_shim.plan.Call("numpy.matmul", "products", "f8", 2.0 * 64**3, 2 * a.nbytes, a.nbytes)
+        device = planner.profile.workers[0].device
+        before = device.predict(call.op, call.family, call.dtype, call.flops)[0]
+        planner.intercepted_s, planner.explore_spent_s = 1.0, 0.0
+        forced.append(fusion_shim.plan.Decision("worker", "exploring: test", 0.01, 0.012, 0, True))
         got = np.matmul(a, a.T)
         np.testing.assert_allclose(got, want)
         rec = [r for r in rt.ledger.records if r.op == "numpy.matmul"][-1]
@@ -485,10 +500,11 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
         assert 0.025 <= rec.phases["abandoned"] < 0.3 and rec.phases["local"] > 0
         assert rt.link.state == "ready" and not any("fault" in e for _, e in rt.ledger.events)
         assert planner.explorations_abandoned == 1 and planner.explore_spent_s >= 0.025
-        call = fusion_shim.plan.Call("numpy.matmul", "products", "f8", 2.0 * 64**3, 2 * a.nbytes, a.nbytes)
-        assert planner.profile.workers[0].device.predict(call.op, call.family, call.dtype, call.flops)[0] >= 0.025
+        assert device.predict(call.op, call.family, call.dtype, call.flops)[0] > 2 * before  # at least the wait
         rep = fusion_shim.report()
         assert rep["planner"]["explorations_abandoned"] == 1
+        w = rep["planner"]["workers"][0]
+        assert w["speed_vs_benchmark"] > 0 and w["speed_vs_benchmark_calls"] >= 1  # the waited-for call's
         from fusion_shim.report import format_table
         assert "1 abandoned at their deadline and computed here" in format_table(rep)
         assert any("exploration of numpy.matmul" in e["what"] for e in rep["events"])

@@ -53,6 +53,7 @@ SIGMA_CURVE = 0.25              # a rate read off a measured curve (best of thre
 SIGMA_OTHER = 0.5               # added: another dtype's curve, or another op's of the family
 SIGMA_PER_BUCKET = 0.15         # added per bucket between the call and the nearest measured bucket
 EWMA_AFTER = 8                  # past this many samples a bucket forgets (tracks drift) at 1/8
+MAX_DRIFT = math.log(20.0)      # one call's say in a model's drift is clipped to 20x either way
 
 
 @dataclass
@@ -99,12 +100,20 @@ def _interp(points: list[tuple[float, float]], x: float) -> float:
 class RateModel:
     """Compute time of one place (``local`` or a worker's device)."""
 
-    def __init__(self, name: str, prior_gflops: dict[str, float] | None = None):
+    def __init__(self, name: str, prior_gflops: dict[str, float] | None = None, learn_drift: bool = False):
         self.name = name
         self.prior = dict(prior_gflops or PRIOR_GFLOPS)
         self.curves: dict[tuple[str, str], list[tuple[float, float]]] = {}  # (family, dtype) -> (log flops, log rate)
+        self.op_curves: dict[tuple[str, str], list[tuple[float, float]]] = {}  # (op, dtype) -> the same, one op's own
         self.buckets: dict[tuple[str, str], dict[int, Stat]] = {}           # (op, dtype) -> bucket -> Stat
         self.resets = 0
+        # How this place's real calls compare with its measured curves (a worker's self-benchmark ran
+        # with the machine to itself; beside a program using BLAS on the same cores its kernels took
+        # twice as long): the mean log ratio over the first call of each op and size, added to every
+        # prediction read off a curve. Predictions from an op's own measured calls are unaffected.
+        self.learn_drift = learn_drift
+        self.drift = 0.0
+        self.drift_n = 0
 
     # -- knowledge in -------------------------------------------------------------------------------
     def set_curve(self, family: str, dtype: str, points: list[tuple[float, float]]) -> None:
@@ -112,6 +121,13 @@ class RateModel:
         pts = sorted((math.log(f), math.log(f / s)) for f, s in points if f > 0 and s > 0)
         if pts:
             self.curves[(family, dtype)] = pts
+
+    def set_op_curve(self, op: str, dtype: str, points: list[tuple[float, float]]) -> None:
+        """One op's own measured (flops, seconds) pairs (a worker times each decomposition's kernel):
+        read before its family's curve, without the extra uncertainty of another op's."""
+        pts = sorted((math.log(f), math.log(f / s)) for f, s in points if f > 0 and s > 0)
+        if pts:
+            self.op_curves[(op, dtype)] = pts
 
     def observe(self, op: str, family: str, dtype: str, flops: float, seconds: float,
                 force: bool = False) -> str | None:
@@ -127,6 +143,12 @@ class RateModel:
         st = stats.get(b)
         if st is None:
             st = stats[b] = Stat()
+        if self.learn_drift and not force and st.n == 0:
+            # the first call of this op and size was predicted off a curve: how far off, in the mean
+            base, _, measured = self._source(op, family, dtype, lf)
+            if measured:
+                self.drift_n += 1
+                self.drift += (min(max(x - base, -MAX_DRIFT), MAX_DRIFT) - self.drift) / min(self.drift_n, EWMA_AFTER)
         if st.n >= 2 and not force:  # the first sample of a size is often a cold one (page faults): not a yardstick yet
             expected = st.mean + self._base(op, family, dtype, lf)[0] - self._base(op, family, dtype, st.lf)[0]
             if abs(x - expected) > ERROR_LOG:
@@ -143,17 +165,26 @@ class RateModel:
 
     # -- predictions out ----------------------------------------------------------------------------
     def _base(self, op: str, family: str, dtype: str, lf: float) -> tuple[float, float]:
-        """(log rate, sigma) from the curves or the prior, before this op's own measurements."""
+        """(log rate, sigma) from the curves (corrected by the drift) or the prior, before this op's
+        own measurements."""
+        rate, sigma, measured = self._source(op, family, dtype, lf)
+        return (rate + self.drift if measured else rate), sigma
+
+    def _source(self, op: str, family: str, dtype: str, lf: float) -> tuple[float, float, bool]:
+        """(log rate, sigma, read off a measured curve of this op or of its family's representative)."""
+        own = self.op_curves.get((op, dtype))
+        if own is not None:
+            return _interp(own, lf), SIGMA_CURVE + _beyond(own, lf), True
         curve = self.curves.get((family, dtype))
         extra = 0.0 if REPRESENTATIVE.get(op) == family else SIGMA_OTHER
         if curve is not None:
-            return _interp(curve, lf), SIGMA_CURVE + extra + _beyond(curve, lf)
+            return _interp(curve, lf), SIGMA_CURVE + extra + _beyond(curve, lf), not extra
         speed = DTYPE_SPEED.get(dtype, 0.1)
         for (fam, dt), other in list(self.curves.items()):
             if fam == family and dt in DTYPE_SPEED:
                 return (_interp(other, lf) + math.log(speed / DTYPE_SPEED[dt]),
-                        SIGMA_CURVE + SIGMA_OTHER + extra + _beyond(other, lf))
-        return math.log(self.prior.get(family, 1.0) * 1e9 * speed), SIGMA_PRIOR
+                        SIGMA_CURVE + SIGMA_OTHER + extra + _beyond(other, lf), False)
+        return math.log(self.prior.get(family, 1.0) * 1e9 * speed), SIGMA_PRIOR, False
 
     def predict(self, op: str, family: str, dtype: str, flops: float) -> tuple[float, float, int]:
         """(seconds, sigma of its log, samples in its bucket)."""
@@ -269,7 +300,7 @@ class Profile:
     def __init__(self, workers: int = 1, local_prior: dict[str, float] | None = None,
                  worker_prior: dict[str, float] | None = None):
         self.local = RateModel("local", local_prior)
-        self.workers = [RemoteModel(RateModel(f"worker {i}", worker_prior)) for i in range(workers)]
+        self.workers = [RemoteModel(RateModel(f"worker {i}", worker_prior, learn_drift=True)) for i in range(workers)]
 
     @classmethod
     def synthetic(cls, local_gflops: float | dict = 100.0, worker_gflops: float | dict = 1000.0,

@@ -227,20 +227,17 @@ class Planner:
 
     def _seed_ops(self, model: Any, ops: Any) -> None:
         """The worker's own timings of single ops (its ``bench["ops"]``: "numpy.linalg.svd/f8" ->
-        [[flops, seconds], ...]) become the first sample of that op's bucket on its device, where it
-        has none yet (a worker back after a fault sends the same ones again). Caller holds the lock."""
+        [[flops, seconds], ...]) become that op's curve on its device. Caller holds the lock."""
         if not isinstance(ops, dict):
             return
         for key, pts in list(ops.items())[:MAX_SEEDED_OPS]:
             op, _, dtype = str(key).rpartition("/")
             if not op or (self.ops is not None and op not in self.ops) or not isinstance(pts, list):
                 continue
-            if model.device.samples(op, dtype):
-                continue
-            for p in pts[:4]:
-                if (isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(v, (int, float)) for v in p)
-                        and 0 < p[0] < 1e18 and 0 < p[1] < 1e4):
-                    model.device.observe(op, family_of(op), dtype, float(p[0]), float(p[1]))
+            model.device.set_op_curve(op, dtype, [(float(p[0]), float(p[1])) for p in pts[:4]
+                                                  if isinstance(p, (list, tuple)) and len(p) == 2
+                                                  and all(isinstance(v, (int, float)) for v in p)
+                                                  and 0 < p[0] < 1e18 and 0 < p[1] < 1e4])
 
     @_never_raises
     def link_measured(self, worker: int, up_bps: float, down_bps: float) -> None:

@@ -29,7 +29,9 @@ JSON schema ``fusion_shim.report/1`` (a map):
   ``explore_fraction`` (the budget), ``model_resets``, ``floors_bytes`` (per op: input bytes below which it stays on the fast
   path), ``floors_raised_bytes`` (the ops whose floor was raised by calls that could not win, and
   to what) and ``floor_raises``, ``calibration`` (per family/dtype: "cache" or "measured"),
-  ``workers`` (url, state, measured link: ``rtt_s``, ``up_bytes_per_s``, ``down_bytes_per_s``);
+  ``workers`` (url, state, measured link: ``rtt_s``, ``up_bytes_per_s``, ``down_bytes_per_s``;
+  ``speed_vs_benchmark``: its real calls' speed over what its self-benchmark said, from the first
+  call of ``speed_vs_benchmark_calls`` ops and sizes, which every prediction off its curves follows);
 - ``records``: one map per call (``ledger.Record``): at most ``ledger.MAX_PER_SITE`` per site and
   ``ledger.MAX_RECORDS`` in all; ``records_dropped`` counts the rest (they are in the aggregates).
 """
@@ -85,7 +87,9 @@ def planner_section(rt: Any) -> dict[str, Any]:
         "floors_bytes": {op: cell[0] for op, cell in sorted(p.floor_cells.items())},
         "floors_raised_bytes": dict(sorted(p.raised.items())), "floor_raises": p.raises,
         "calibration": {f"{f}/{d}": src for (f, d), src in p.curves_from.items()},
-        "workers": [{"url": link.url, "state": link.state, "link": link.info.get("link")} for link in rt.links],
+        "workers": [{"url": link.url, "state": link.state, "link": link.info.get("link"),
+                     "speed_vs_benchmark": math.exp(p.profile.workers[link.index].device.drift),
+                     "speed_vs_benchmark_calls": p.profile.workers[link.index].device.drift_n} for link in rt.links],
     }
 
 
@@ -235,6 +239,10 @@ def format_table(report: dict[str, Any]) -> str:
                      + (f"; {pl['explorations_abandoned']} abandoned at their deadline and computed here"
                         if pl.get("explorations_abandoned") else "")
                      + f"); {pl['model_resets']} model resets")
+    for w in (pl or {}).get("workers", []):
+        if w.get("speed_vs_benchmark_calls") and abs(math.log(w["speed_vs_benchmark"])) > math.log(1.25):
+            lines.append(f"  worker {w['url']}: its calls ran at {w['speed_vs_benchmark']:.2g}x the speed of its "
+                         f"self-benchmark (first calls of {w['speed_vs_benchmark_calls']} ops and sizes)")
     if sm["prediction_error"]:
         lines.append("  prediction error, median |log(predicted/actual)|: " + ", ".join(
             f"{k} {v['median_abs_log_ratio']:.2f} (n={v['calls']})" for k, v in sm["prediction_error"].items()))

@@ -110,7 +110,8 @@ class Worker:
         self.info = {"pid": os.getpid(), "device": str(self.backend.device),
                      "torch": getattr(torch, "__version__", "none"), "bench": bench, "test_delay": self.test_delay,
                      "test_corrupt": self.test_corrupt, "memory_budget": self.store.budget,
-                     "numba": self.numba, "kernels": sorted(self.kernels)}
+                     "numba": self.numba, "kernels": sorted(self.kernels),
+                     "boot": shmlane.boot_id()}  # which machine: a client there shares its CPUs (issue 5)
 
     def health(self) -> str | None:
         """A small matmul through the call path (to the device and back), its answer checked

@@ -385,3 +385,19 @@ def test_a_workers_drift_from_its_self_benchmark_is_learnt_across_ops():
     local.set_curve("linalg", "f8", [(1e8, 1e-2)])
     local.observe("numpy.linalg.solve", "linalg", "f8", 1e8, 5e-2)
     assert local.drift == 0.0 and local.predict("numpy.linalg.inv", "linalg", "f8", 1e8)[0] == pytest.approx(1e-2)
+
+
+def test_an_op_timed_at_one_size_follows_its_familys_curve_elsewhere():
+    """A worker times each decomposition at one size; elsewhere the op keeps its offset from the
+    family's curve (rates grow with size: held flat, a qr of 768 was priced at the rate of one of 384)."""
+    dev = RateModel("worker 0")
+    dev.set_curve("linalg", "f8", [(1e8, 1e8 / 10e9), (1e9, 1e9 / 40e9)])   # 10, then 40 GFLOP/s
+    dev.set_op_curve("numpy.linalg.qr", "f8", [(1e8, 1e8 / 5e9)])          # qr at half solve's rate there
+    assert dev.predict("numpy.linalg.qr", "linalg", "f8", 1e8)[0] == pytest.approx(1e8 / 5e9)
+    assert dev.predict("numpy.linalg.qr", "linalg", "f8", 1e9)[0] == pytest.approx(1e9 / 20e9)
+    # without a family curve, its own points alone
+    alone = RateModel("worker 1")
+    alone.set_op_curve("numpy.linalg.qr", "f8", [(1e8, 1e8 / 5e9)])
+    assert alone.predict("numpy.linalg.qr", "linalg", "f8", 1e9)[0] == pytest.approx(1e9 / 5e9)
+    # read far from where it was timed, less certain
+    assert dev.predict("numpy.linalg.qr", "linalg", "f8", 1e11)[1] > dev.predict("numpy.linalg.qr", "linalg", "f8", 1e8)[1]

@@ -112,20 +112,42 @@ def _clock(shares: list[float], wall: float = 0.01):
     return clock
 
 
-def test_a_timed_run_counts_only_when_the_probe_had_the_cpu():
+def test_a_timed_run_counts_only_when_the_probe_had_the_cpu_and_the_program_was_idle():
     pauses = []
     runs = []
+    idle = lambda: 0.0  # noqa: E731
     # clean, contended, clean, clean: three clean runs, one pause after the contended one
     assert calibrate.best_time(lambda: runs.append(1), clock=_clock([0.99, 0.5, 0.95, 1.0]),
-                               pause=pauses.append) == pytest.approx(0.01)
+                               pause=pauses.append, others=idle) == pytest.approx(0.01)
     assert len(runs) == 1 + 4 and pauses == [calibrate.CONTENDED_PAUSE_S]
     # never clean: Contended after ATTEMPTS runs, with the best share it saw
     runs.clear()
     with pytest.raises(calibrate.Contended, match="at most 50%") as info:
-        calibrate.best_time(lambda: runs.append(1), clock=_clock([0.5, 0.45]), pause=pauses.append)
+        calibrate.best_time(lambda: runs.append(1), clock=_clock([0.5, 0.45]), pause=pauses.append, others=idle)
     assert len(runs) == 1 + calibrate.ATTEMPTS and info.value.share == pytest.approx(0.5)
     # one clean run among contended ones is enough to give a time
-    assert calibrate.best_time(lambda: None, clock=_clock([0.3] * 11 + [0.9]), pause=lambda s: None) > 0
+    assert calibrate.best_time(lambda: None, clock=_clock([0.3] * 7 + [0.9]), pause=lambda s: None, others=idle) > 0
+    # while the program computes (its threads busy), nothing runs at all, not even the warm-up
+    runs.clear()
+    busy = iter([2.0, 1.5, 0.0, 0.0, 0.0])
+    assert calibrate.best_time(lambda: runs.append(1), clock=_clock([1.0]), pause=lambda s: None,
+                               others=lambda: next(busy)) > 0
+    assert len(runs) == 1 + 3
+    runs.clear()
+    with pytest.raises(calibrate.Contended, match="the program was computing throughout"):
+        calibrate.best_time(lambda: runs.append(1), clock=_clock([1.0]), pause=lambda s: None, others=lambda: 2.0)
+    assert runs == []
+    # the measure itself: a thread running BLAS beside this one is seen, an idle process is not
+    assert calibrate.others_busy(0.02) < calibrate.BUSY_SHARE
+    stop = threading.Event()
+    spin = threading.Thread(target=lambda: [np.dot(np.ones((300, 300)), np.ones((300, 300))) for _ in iter(stop.is_set, True)])
+    spin.start()
+    try:
+        time.sleep(0.05)
+        assert calibrate.others_busy(0.05) > calibrate.BUSY_SHARE
+    finally:
+        stop.set()
+        spin.join()
 
 
 def test_a_contended_probe_is_neither_cached_nor_used(tmp_path, monkeypatch):

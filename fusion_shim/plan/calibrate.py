@@ -5,13 +5,16 @@ on the program's critical path): a few sizes of the family's representative op (
 fft/rfft), best of three timed runs after one warm-up, about 10-50 ms per dtype on the development
 machine. The points become the local RateModel's curve for that family and dtype.
 
-A timed run counts only when the probing thread was on a CPU for most of it (its CPU time over its
-wall time, ``CLEAN_CPU_SHARE``). A probe that shares the CPUs with the program's own BLAS calls, or
-with a worker on the same host, measures them, not this machine: on the 2-core development machine
-a 192x192 matmul took 16 ms instead of 0.16 ms while another process ran BLAS, and one such probe
-set (0.9 GFLOP/s at 14 MFLOP) went into the cache for a week. Unclean runs are retried after a
-pause; a point with no clean run makes the whole probe :class:`Contended`: nothing is cached, and the
-program's own calls teach the model instead.
+A probe must not share the CPUs with anything: beside the program's own BLAS calls, or a worker on
+the same host, it measures them, not this machine (on the 2-core development machine a 192x192
+matmul took 16 ms instead of 0.16 ms while another process ran BLAS, and one such probe set, 0.9
+GFLOP/s at 14 MFLOP, went into the cache for a week), and it slows the program down (a probe
+retried beside a program's decompositions cost it a quarter of its run). So a timed run starts only
+when the rest of this process has been idle for a moment (its other threads' CPU time over a few
+milliseconds, ``BUSY_SHARE``), and counts only when the probing thread was on a CPU for most of it
+(its CPU time over its wall time, ``CLEAN_CPU_SHARE``: another process). Otherwise it waits and
+tries again; a point with no clean run in ``ATTEMPTS`` makes the whole probe :class:`Contended`:
+nothing is cached, and the program's own calls teach the model instead.
 
 The cache lives in ``$XDG_CACHE_HOME/fusion_shim`` (``~/.cache/fusion_shim`` by default), one file
 per *build key*: host name, CPU model, the CPUs this process may run on, NumPy's version and BLAS,
@@ -45,8 +48,10 @@ SIZES = {"products": (64, 192, 512), "linalg": (64, 192, 448), "fft": (1 << 10, 
 # a timed run is clean when the probing thread ran for this share of its wall time (measured here:
 # 0.99-1.00 alone, BLAS's calling thread included; 0.44-0.61 with another process running BLAS)
 CLEAN_CPU_SHARE = 0.8
-ATTEMPTS = 12              # timed runs tried per point, at most, to get ``repeat`` clean ones
-CONTENDED_PAUSE_S = 0.02   # after an unclean run: let whatever holds the CPUs finish
+BUSY_SHARE = 0.25          # this process's other threads busier than this (CPUs' worth): the program is computing
+BUSY_WINDOW_S = 0.005      # ... over this long, just before a timed run
+ATTEMPTS = 8               # tries per point, at most, to get ``repeat`` clean timed runs
+CONTENDED_PAUSE_S = 0.05   # after a busy check or an unclean run: let whatever holds the CPUs finish
 
 
 def cache_dir(env: dict | None = None) -> str:
@@ -125,9 +130,10 @@ class Cache:
 class Contended(RuntimeError):
     """No clean timed run of a probe point: the CPUs were busy with something else throughout."""
 
-    def __init__(self, what: str, share: float):
-        super().__init__(f"{what}: the probing thread got at most {share:.0%} of its wall time on a CPU "
-                         f"in {ATTEMPTS} tries (something else was running)")
+    def __init__(self, what: str, share: float | None):
+        why = ("the program was computing throughout" if share is None else
+               f"another process was using the CPUs: the probing thread got at most {share:.0%} of its wall time")
+        super().__init__(f"{what}: no clean timed run in {ATTEMPTS} tries ({why})")
         self.share = share
 
 
@@ -158,20 +164,27 @@ def probe(family: str, dtype: str) -> list[tuple[float, float]]:
 
 
 def best_time(fn: Callable[[], object], repeat: int = 3, clock: Callable[[], tuple[float, float]] | None = None,
-              pause: Callable[[float], None] = time.sleep) -> float:
-    """The best of ``repeat`` clean timed runs after one warm-up (see CLEAN_CPU_SHARE); raises
-    :class:`Contended` when ATTEMPTS runs gave fewer than one. ``clock`` returns (wall, this thread's
-    CPU) seconds (tests pass a fake)."""
+              pause: Callable[[float], None] = time.sleep, others: Callable[[], float] | None = None) -> float:
+    """The best of ``repeat`` clean timed runs after one warm-up (see the module's docstring); raises
+    :class:`Contended` when ATTEMPTS tries gave none. ``clock`` returns (wall, this thread's CPU)
+    seconds, ``others`` the CPUs' worth this process's other threads are using (tests pass fakes)."""
     clock = clock or (lambda: (time.perf_counter(), time.thread_time()))
-    fn()  # warm: first-touch pages, BLAS thread start-up
-    best, clean, share_seen = math.inf, 0, 0.0
+    others = others or others_busy
+    warm = False
+    best, clean, share_seen = math.inf, 0, None
     for _ in range(ATTEMPTS):
+        if others() > BUSY_SHARE:  # the program is computing: never beside it
+            pause(CONTENDED_PAUSE_S)
+            continue
+        if not warm:
+            fn()  # warm: first-touch pages, BLAS thread start-up
+            warm = True
         w0, c0 = clock()
         fn()
         w1, c1 = clock()
         wall = w1 - w0
         share = (c1 - c0) / wall if wall > 0 else 1.0
-        share_seen = max(share_seen, share)
+        share_seen = share if share_seen is None else max(share_seen, share)
         if share >= CLEAN_CPU_SHARE:
             best, clean = min(best, wall), clean + 1
             if clean >= repeat:
@@ -181,6 +194,15 @@ def best_time(fn: Callable[[], object], repeat: int = 3, clock: Callable[[], tup
     if not clean:
         raise Contended("probe", share_seen)
     return best
+
+
+def others_busy(window: float = BUSY_WINDOW_S) -> float:
+    """CPUs' worth of time this process's other threads used over ``window`` (BLAS's helper threads
+    still spinning after a call count: they would compete too)."""
+    p0, t0, w0 = time.process_time(), time.thread_time(), time.perf_counter()
+    time.sleep(window)
+    p1, t1, w1 = time.process_time(), time.thread_time(), time.perf_counter()
+    return max((p1 - p0) - (t1 - t0), 0.0) / max(w1 - w0, 1e-9)
 
 
 def _random(rng: np.random.Generator, shape: tuple, dt: np.dtype) -> np.ndarray:

@@ -173,9 +173,16 @@ class RateModel:
     def _source(self, op: str, family: str, dtype: str, lf: float) -> tuple[float, float, bool]:
         """(log rate, sigma, read off a measured curve of this op or of its family's representative)."""
         own = self.op_curves.get((op, dtype))
-        if own is not None:
-            return _interp(own, lf), SIGMA_CURVE + _beyond(own, lf), True
         curve = self.curves.get((family, dtype))
+        if own is not None:
+            if curve is None:
+                return _interp(own, lf), SIGMA_CURVE + _beyond(own, lf), True
+            # the op's offset from its family's curve where it was timed (one or two sizes), the curve's
+            # shape elsewhere: a rate held flat past the size timed priced a qr of 768 on a CPU worker
+            # at the rate of one of 384
+            offsets = [(x, y - _interp(curve, x)) for x, y in own]
+            return (_interp(curve, lf) + _interp(offsets, lf),
+                    SIGMA_CURVE + _beyond(curve, lf) + _beyond(own, lf) / 2, True)
         extra = 0.0 if REPRESENTATIVE.get(op) == family else SIGMA_OTHER
         if curve is not None:
             return _interp(curve, lf), SIGMA_CURVE + extra + _beyond(curve, lf), not extra

@@ -148,6 +148,7 @@ class WorkerLink:
         self.state = "starting"
         self.ready = threading.Event()
         self.info: dict[str, Any] = {}
+        self.cpus_shared = False  # shares_cpus(), as of the last ready (read for every decision)
         self.mirror = Mirror()  # what this worker is believed to hold (issue 6): a hint
         self.restarts = 0
         self.ready_after_s: float | None = None
@@ -232,6 +233,7 @@ class WorkerLink:
                 if info.get("numba") == "simulator":  # issue 9: said where the report shows it
                     self.ledger.event("numba kernels run under numba's CUDA SIMULATOR on the worker: tests only, slow")
             self.info = info
+            self.cpus_shared = self.shares_cpus()
             if offer is not None:
                 self.lane.answered(header.get("shm"), info.get("pid"))
             if self.ready_after_s is not None:  # back after a fault: the link was measured before
@@ -292,7 +294,8 @@ class WorkerLink:
         try:
             chan = transport.Channel(self.url, self.curve)  # its own socket, closed at the end
             up, down, why, moved = linkprobe.bandwidth(chan, self.next_id, self.rtt_s or 0.0, self._probe_alive,
-                                                       min(self.config.timeout, 30.0))
+                                                       min(self.config.timeout, 30.0),
+                                                       same_host=transport.is_loopback(self.url or ""))
             if why is not None:
                 self.ledger.event(f"link bandwidth to {self.url} not measured ({why}); priced with the prior")
                 up = down = plan.LinkModel().up_bps
@@ -337,7 +340,7 @@ class WorkerLink:
         state = self.state
         if state == "ready" and self.inflight > 0:
             state = "busy"
-        return plan.WorkerState(state, self.inflight, self.backlog_s, missing, self.url or "")
+        return plan.WorkerState(state, self.inflight, self.backlog_s, missing, self.url or "", self.cpus_shared)
 
     def _ready(self, text: str) -> None:
         with self._lock:
@@ -743,8 +746,9 @@ class Runtime:
             deadline_s = min(deadline_s, max(DEADLINE_FLOOR_S, DEADLINE_FACTOR * predicted))
         # an exploration's cost is bounded: past this it is computed here; not where the worker computes
         # on this machine's CPUs, where the abandoned call would go on competing with the local one
-        # (measured on 2 cores: a local solve 10x slower while the worker finished the abandoned one)
-        bounded = decision.explore and not link.shares_cpus()
+        # (measured on 2 cores: a local solve 10x slower while the worker finished the abandoned one;
+        # there the planner prices explorations more pessimistically instead, policy.SIGMA_SHARED_CPUS)
+        bounded = decision.explore and not link.cpus_shared
         if bounded:
             deadline_s = min(deadline_s, self.planner.explore_deadline(decision))
         with self._inflight_lock:
@@ -757,13 +761,14 @@ class Runtime:
             if not bounded:
                 return self._failed(exc, rec, link, call, op_key, t_sent, deadline_s, predicted)
             # an exploration out of its deadline: not a fault (the worker is up, only slower than
-            # hoped); the late reply is dropped when it comes, and the call runs here
+            # hoped); the late reply is dropped when it comes, and the call runs here. The worker may
+            # still be computing it: its next answers, measured, will show that
             waited = time.perf_counter() - t_sent
             self.planner.abandoned(link.index, call, waited)
             rec.phases["abandoned"] = waited
             rec.kind = "local"
-            rec.reason = (f"exploration abandoned after {waited * 1e3:.3g} ms (predicted {predicted * 1e3:.3g} ms "
-                          f"there, {decision.local_s * 1e3:.3g} ms here): computed here")
+            rec.reason = (f"exploration abandoned after {waited * 1e3:.3g} ms (predicted {(predicted or 0) * 1e3:.3g} "
+                          f"ms there, {(decision.local_s or 0) * 1e3:.3g} ms here): computed here")
             rec.plan = (call, plan.Decision("local", rec.reason, decision.local_s, decision.remote_s))
             if self.planner.explorations_abandoned == 1:
                 self.ledger.event(f"an exploration of {call.op} on {link.url} was abandoned after "

@@ -128,6 +128,24 @@ def test_exploration_needs_budget():
     assert d.where == "worker" and d.explore and "exploring" in d.reason
 
 
+def test_exploration_on_a_worker_sharing_this_machines_cpus_is_priced_more_pessimistically():
+    """Beside the program's own BLAS threads a same-host CPU worker's kernel took 1-30x its idle
+    time: an exploration there needs a budget that would cover it; elsewhere the same one is taken."""
+    from fusion_shim.plan.policy import SIGMA_SHARED_CPUS, Z_EXPLORE_COST
+
+    p, call = _uncertain_worker(), matmul(1024)
+    shared = [WorkerState("ready", shares_cpus=True)]
+    d = decide("auto", call, p, READY, explore_left_s=1.0)
+    assert d.explore
+    cost = d.remote_s * math.exp(Z_EXPLORE_COST * d.remote_sigma) - d.local_s
+    shared_cost = d.remote_s * math.exp(Z_EXPLORE_COST * math.hypot(d.remote_sigma, SIGMA_SHARED_CPUS)) - d.local_s
+    assert 0 < cost < shared_cost
+    budget = (cost + shared_cost) / 2
+    assert decide("auto", call, p, READY, explore_left_s=budget).explore
+    assert not decide("auto", call, p, shared, explore_left_s=budget).explore
+    assert decide("auto", call, p, shared, explore_left_s=shared_cost * 1.01).explore
+
+
 def test_no_exploration_over_a_link_not_yet_measured():
     p, call = _uncertain_worker(), matmul(1024)
     p.workers[0].link = type(p.workers[0].link)()  # the prior link: 2 GB/s assumed, never measured

@@ -502,7 +502,7 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
         # this worker computes on this machine's CPUs: an abandoned call would go on competing with
         # the local one, so there the exploration is waited for
         from fusion_shim.transport import shm as shmlane
-        assert rt.link.info["boot"] == shmlane.boot_id() and rt.link.shares_cpus()
+        assert rt.link.info["boot"] == shmlane.boot_id() and rt.link.shares_cpus() and rt.link.cpus_shared
         t = time.perf_counter()
         np.testing.assert_allclose(np.matmul(a, a.T), want)
         assert time.perf_counter() - t >= 0.4 and rt.ledger.records[-1].kind == "worker"
@@ -510,6 +510,7 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
         # a GPU worker, or one on another host, is abandoned at the deadline
         rt.link.info["device"] = "cuda:0"
         assert not rt.link.shares_cpus()
+        rt.link.cpus_shared = False
         call = fusion_shim.plan.Call("numpy.matmul", "products", "f8", 2.0 * 64**3, 2 * a.nbytes, a.nbytes)
         device = planner.profile.workers[0].device
         before = device.predict(call.op, call.family, call.dtype, call.flops)[0]
@@ -539,3 +540,24 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
         fusion_shim.uninstall()
         stop.set()
         thread.join(5)
+
+
+def test_a_same_host_link_is_probed_with_the_small_transfers_only(inproc_worker):
+    """The bulk probe's second, larger transfer cost a 0.3 s program 5% on the 2-core development
+    machine; on a same-host link (ipc, inproc, loopback) the first one alone prices it."""
+    import itertools
+
+    from fusion_shim import linkprobe, transport
+
+    ids = itertools.count(1)
+    chan = transport.Channel(inproc_worker)
+    try:
+        rtt = linkprobe.ping(chan, lambda: next(ids))
+        near = linkprobe.bandwidth(chan, lambda: next(ids), rtt, same_host=True)
+        far = linkprobe.bandwidth(chan, lambda: next(ids), rtt, same_host=False)
+    finally:
+        chan.close()
+    assert near[0] > 0 and near[1] > 0 and near[2] is None
+    assert near[3] < far[3]  # bytes moved: the LARGE transfers were skipped
+    assert transport.is_loopback(inproc_worker) and transport.is_loopback("tcp://127.0.0.1:5555")
+    assert not transport.is_loopback("tcp://10.0.0.2:5555")  # an emulated or real network link: both sizes

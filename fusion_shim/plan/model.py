@@ -10,6 +10,12 @@ two layers:
   A bucket keeps a mean log rate and its spread. A prediction inside a measured bucket uses it; near
   one, that bucket's offset from the curve; otherwise the curve, or the static prior table.
 
+A worker's device also has an *op curve* for each op it timed on its own (the decompositions, in
+its self-benchmark): read before the family's curve, as that op's offset from it. And a *drift*:
+how far the first call of each op and size on it came out from the curve it was predicted off (a
+CPU worker beside a program using BLAS on the same cores ran its kernels at half its benchmarked
+speed), added to every prediction read off a curve; an op's own measured calls are unaffected.
+
 Every prediction comes with ``sigma``, the uncertainty of its log: large for a prior, smaller for
 a calibration curve, shrinking as 1/sqrt(samples) once a bucket has measurements. The policy turns
 it into a safety margin (:mod:`fusion_shim.plan.policy`).

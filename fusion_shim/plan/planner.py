@@ -9,9 +9,11 @@ background thread the runtime provides (``background``), never on the applicatio
 path; one op's floor after its first measurements here is 0.1 ms of arithmetic, done inline.
 
 Exploration budget: ``EXPLORE_FRACTION`` of the intercepted time recorded so far, minus what
-explored calls cost over the prediction for the place not taken. An exploration on a worker is
-abandoned (computed here, the late reply dropped) once it has taken the local prediction plus what
-is left of the budget (:meth:`Planner.explore_deadline`): its cost is bounded, not only predicted.
+explored calls cost over the prediction for the place not taken. An exploration on a worker that
+does not compute on this machine's CPUs is abandoned (computed here, the late reply dropped) once it
+has taken the local prediction plus what is left of the budget (:meth:`Planner.explore_deadline`):
+its cost is bounded, not only predicted. (On one that does, the abandoned call would go on competing
+with the local one: there it is waited for; the runtime decides.)
 
 Floors from evidence: the models' floor is the smallest work of an op's *densest* shape that could
 win, and models extrapolate (a CPU worker as fast as this machine "could win" at most sizes once its
@@ -169,8 +171,8 @@ class Planner:
     def explore_deadline(self, decision: Decision) -> float:
         """How long an exploration on a worker may take before it is abandoned and computed here: the
         local prediction plus what is left of the budget. Its price was checked against the budget
-        when it was chosen, but that price is a prediction; on a worker sharing this machine's CPUs
-        one predicted at 3 ms took 115 ms (a third of a short program). So its cost is bounded."""
+        when it was chosen, but that price is a prediction (one predicted at 3 ms took 115 ms, a
+        third of a short program). So its cost is bounded."""
         with self.lock:
             left = self.explore_fraction * self.intercepted_s - self.explore_spent_s
         return (decision.local_s or 0.0) + max(left, 0.0)

@@ -20,9 +20,8 @@ import numpy as np
 from . import transport, wire
 
 SMALL = 256 << 10          # bytes each way in the first transfer
-LARGE = 1 << 20            # ... and in the second, when the first took under FAST_S (not on a same-host
-#                            link: its client CPU, 10-17 ms against 2-6 ms, cost a 0.3 s program 5%
-#                            on the 2-core development machine, and there bandwidth is rarely what decides)
+LARGE = 1 << 20            # ... and in the second, when the first took under FAST_S (the first alone,
+#                            beside a busy program on a loopback link, read 60-110 MB/s where 1-3 GB/s is right)
 FAST_S = 0.03
 PINGS = 5
 
@@ -64,14 +63,14 @@ def ping(chan: transport.Channel, next_id: Callable[[], int], alive: Callable[[]
 
 def bandwidth(chan: transport.Channel, next_id: Callable[[], int], rtt: float,
               alive: Callable[[], bool] | None = None,
-              deadline_s: float = 30.0, same_host: bool = False) -> tuple[float | None, float | None, str | None, int]:
+              deadline_s: float = 30.0) -> tuple[float | None, float | None, str | None, int]:
     """(bytes/s up, bytes/s down, why unknown, bytes moved both ways). A transfer that fails (a
     worker too slow to answer within ``deadline_s``) leaves them None and says why: the worker is
-    still usable. ``same_host``: the SMALL transfers only."""
+    still usable."""
     up = down = None
     moved = 0
     try:
-        for nbytes in (SMALL,) if same_host else (SMALL, LARGE):
+        for nbytes in (SMALL, LARGE):
             n = nbytes // 8
             a, b = np.ones((1, n)), np.ones((n, 1))
             s, w = _call(chan, next_id(), a, b, alive, deadline_s)

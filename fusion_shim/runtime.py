@@ -294,8 +294,7 @@ class WorkerLink:
         try:
             chan = transport.Channel(self.url, self.curve)  # its own socket, closed at the end
             up, down, why, moved = linkprobe.bandwidth(chan, self.next_id, self.rtt_s or 0.0, self._probe_alive,
-                                                       min(self.config.timeout, 30.0),
-                                                       same_host=transport.is_loopback(self.url or ""))
+                                                       min(self.config.timeout, 30.0))
             if why is not None:
                 self.ledger.event(f"link bandwidth to {self.url} not measured ({why}); priced with the prior")
                 up = down = plan.LinkModel().up_bps

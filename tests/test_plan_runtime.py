@@ -541,23 +541,3 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
         stop.set()
         thread.join(5)
 
-
-def test_a_same_host_link_is_probed_with_the_small_transfers_only(inproc_worker):
-    """The bulk probe's second, larger transfer cost a 0.3 s program 5% on the 2-core development
-    machine; on a same-host link (ipc, inproc, loopback) the first one alone prices it."""
-    import itertools
-
-    from fusion_shim import linkprobe, transport
-
-    ids = itertools.count(1)
-    chan = transport.Channel(inproc_worker)
-    try:
-        rtt = linkprobe.ping(chan, lambda: next(ids))
-        near = linkprobe.bandwidth(chan, lambda: next(ids), rtt, same_host=True)
-        far = linkprobe.bandwidth(chan, lambda: next(ids), rtt, same_host=False)
-    finally:
-        chan.close()
-    assert near[0] > 0 and near[1] > 0 and near[2] is None
-    assert near[3] < far[3]  # bytes moved: the LARGE transfers were skipped
-    assert transport.is_loopback(inproc_worker) and transport.is_loopback("tcp://127.0.0.1:5555")
-    assert not transport.is_loopback("tcp://10.0.0.2:5555")  # an emulated or real network link: both sizes

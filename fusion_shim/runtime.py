@@ -79,6 +79,18 @@ def gpu_visible() -> bool:
                 or os.path.exists("/dev/kfd"))
 
 
+def _parallel_blas() -> bool:
+    """Whether this process's BLAS may run helper threads (more than one CPU allowed, no *_NUM_THREADS=1):
+    they spin for a while after each call, on the CPUs a same-host worker computes on."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    one = any(os.environ.get(v, "").strip() == "1" for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
+                                                             "MKL_NUM_THREADS"))
+    return cpus > 1 and not one
+
+
 def _lower_priority(pid: int) -> None:
     """Issue 5: under ``auto`` nobody waits for the embedded worker, and it shares the program's CPUs.
     It runs at idle priority (SCHED_IDLE; where that is missing, nice 19): its warm-up (torch import,
@@ -152,7 +164,8 @@ class WorkerLink:
         self.state = "starting"
         self.ready = threading.Event()
         self.info: dict[str, Any] = {}
-        self.cpus_shared = False  # shares_cpus(), as of the last ready (read for every decision)
+        self.cpus_shared = False  # shares_cpus(), as of the last ready
+        self.contended = False    # ... and this process's BLAS may run threads beside it (read for every decision)
         self.mirror = Mirror()  # what this worker is believed to hold (issue 6): a hint
         self.restarts = 0
         self.ready_after_s: float | None = None
@@ -238,6 +251,7 @@ class WorkerLink:
                     self.ledger.event("numba kernels run under numba's CUDA SIMULATOR on the worker: tests only, slow")
             self.info = info
             self.cpus_shared = self.shares_cpus()
+            self.contended = self.cpus_shared and _parallel_blas()
             if offer is not None:
                 self.lane.answered(header.get("shm"), info.get("pid"))
             if self.ready_after_s is not None:  # back after a fault: the link was measured before
@@ -365,7 +379,7 @@ class WorkerLink:
         state = self.state
         if state == "ready" and self.inflight > 0:
             state = "busy"
-        return plan.WorkerState(state, self.inflight, self.backlog_s, missing, self.url or "", self.cpus_shared)
+        return plan.WorkerState(state, self.inflight, self.backlog_s, missing, self.url or "", self.contended)
 
     def _ready(self, text: str) -> None:
         with self._lock:

@@ -128,13 +128,13 @@ def test_exploration_needs_budget():
     assert d.where == "worker" and d.explore and "exploring" in d.reason
 
 
-def test_exploration_on_a_worker_sharing_this_machines_cpus_is_priced_more_pessimistically():
+def test_exploration_on_a_worker_contended_by_the_programs_blas_is_priced_more_pessimistically():
     """Beside the program's own BLAS threads a same-host CPU worker's kernel took 1-30x its idle
     time: an exploration there needs a budget that would cover it; elsewhere the same one is taken."""
     from fusion_shim.plan.policy import SIGMA_SHARED_CPUS, Z_EXPLORE_COST
 
     p, call = _uncertain_worker(), matmul(1024)
-    shared = [WorkerState("ready", shares_cpus=True)]
+    shared = [WorkerState("ready", contended=True)]
     d = decide("auto", call, p, READY, explore_left_s=1.0)
     assert d.explore
     cost = d.remote_s * math.exp(Z_EXPLORE_COST * d.remote_sigma) - d.local_s

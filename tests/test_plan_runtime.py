@@ -485,6 +485,8 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
     there. On one that does, it is waited for (the abandoned call would slow the local one)."""
     from fusion_shim.worker import serve_in_thread
 
+    from fusion_shim import runtime
+
     url = f"inproc://fusion-shim-tests-slow-explore-{os.getpid()}"
     thread, stop = serve_in_thread(url, device="cpu", test_delay=0.4)
     a = RNG.standard_normal((64, 64))
@@ -503,6 +505,7 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
         # the local one, so there the exploration is waited for
         from fusion_shim.transport import shm as shmlane
         assert rt.link.info["boot"] == shmlane.boot_id() and rt.link.shares_cpus() and rt.link.cpus_shared
+        assert rt.link.contended == runtime._parallel_blas()  # priced more pessimistically where BLAS spins beside it
         t = time.perf_counter()
         np.testing.assert_allclose(np.matmul(a, a.T), want)
         assert time.perf_counter() - t >= 0.4 and rt.ledger.records[-1].kind == "worker"
@@ -510,7 +513,7 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
         # a GPU worker, or one on another host, is abandoned at the deadline
         rt.link.info["device"] = "cuda:0"
         assert not rt.link.shares_cpus()
-        rt.link.cpus_shared = False
+        rt.link.cpus_shared = rt.link.contended = False
         call = fusion_shim.plan.Call("numpy.matmul", "products", "f8", 2.0 * 64**3, 2 * a.nbytes, a.nbytes)
         device = planner.profile.workers[0].device
         before = device.predict(call.op, call.family, call.dtype, call.flops)[0]
@@ -583,3 +586,19 @@ def test_a_background_link_probe_waits_for_the_program_to_be_idle(inproc_worker,
         assert link.bandwidth is not None
     finally:
         fusion_shim.uninstall()
+
+
+def test_a_worker_is_contended_only_where_this_processs_blas_runs_threads_beside_it(monkeypatch):
+    """A client held to one CPU, or to one BLAS thread, has no helper threads spinning after its calls:
+    a same-host worker is not priced for them (the client on one core found the worker twice as fast)."""
+    from fusion_shim import runtime
+
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert runtime._parallel_blas()
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
+    assert not runtime._parallel_blas()
+    monkeypatch.delenv("OPENBLAS_NUM_THREADS")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert not runtime._parallel_blas()

@@ -16,7 +16,7 @@ The margin is ``exp(Z * sqrt(sigma_local^2 + sigma_remote^2))``: wide for priors
 where a side has nothing but the static prior), narrowing as the models gather samples. Exploration
 tries the place predicted slower when it could plausibly win (optimistic by Z_EXPLORE sigmas), its
 model has few samples for that size, and what it could cost (priced pessimistically, Z_EXPLORE_COST
-sigmas slow, with SIGMA_SHARED_CPUS more on a worker computing on this machine's CPUs) fits the
+sigmas slow, with SIGMA_SHARED_CPUS more on a worker contended by the program's BLAS threads) fits the
 exploration budget the caller passes in (plan.planner keeps it under ~2% of the run's intercepted
 time).
 """
@@ -36,11 +36,11 @@ Z_EXPLORE = 2.0          # "could plausibly win": optimistic by this many sigmas
 Z_EXPLORE_COST = 1.0     # what an exploration could cost: pessimistic by this many sigmas (the budget
 #                          is charged what it did cost, so a worse one only delays the next; at 2 the
 #                          client held to one core never explored the worker that was twice as fast)
-SIGMA_SHARED_CPUS = 1.0  # added to what an exploration could cost on a worker that computes on this
-#                          machine's CPUs: right after a BLAS call of the program (its threads still
-#                          spinning) such a worker's kernel took 1-30x its idle time (2-core development
-#                          machine: eigh 200 3-107 ms, svd 512 28-795 ms), and abandoning it there
-#                          would only make the local call compete with it
+SIGMA_SHARED_CPUS = 1.0  # added to what an exploration could cost on a worker that computes on CPUs
+#                          the program's multi-threaded BLAS uses: right after a BLAS call (its helper
+#                          threads still spinning) such a worker's kernel took 1-30x its idle time
+#                          (2-core development machine: eigh 200 3-107 ms, svd 512 28-795 ms), and
+#                          abandoning it there would only make the local call compete with it
 MIN_LOG_MARGIN = 0.02    # never offload on a predicted gain under 2%
 EXPLORE_SAMPLES = 2      # a place with fewer samples than this for the call's size may be explored
 CANDIDATE_STATES = ("ready", "busy")
@@ -65,7 +65,8 @@ class WorkerState:
     backlog_s: float = 0.0  # their predicted remaining seconds
     bytes_in: int | None = None  # input bytes it does not hold yet; None: all of them
     name: str = ""
-    shares_cpus: bool = False    # it computes on this machine's CPUs (runtime.WorkerLink.shares_cpus)
+    contended: bool = False      # it computes on CPUs this process's BLAS threads may be spinning on
+#                                  (runtime.WorkerLink.contended)
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ def decide(policy: str, call: Call, profile: Profile, workers: Sequence[WorkerSt
     # emulated 1 Gbit/s link one such exploration cost a third of a short program), nor against a
     # local side known only by its prior: the call runs here and measures it first (explorations are
     # charged against the local prediction; a pessimistic prior made twelve of them look free)
-    cost_sigma = math.hypot(sigma_r, SIGMA_SHARED_CPUS) if workers[best].shares_cpus else sigma_r
+    cost_sigma = math.hypot(sigma_r, SIGMA_SHARED_CPUS) if workers[best].contended else sigma_r
     if (n_r < EXPLORE_SAMPLES and profile.workers[best].link.measured and sigma_l < SIGMA_PRIOR
             and remote_s * math.exp(-Z_EXPLORE * sigma_r) < local_s
             and 0 < explore_left_s and remote_s * math.exp(Z_EXPLORE_COST * cost_sigma) - local_s <= explore_left_s):

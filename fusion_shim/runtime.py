@@ -62,8 +62,7 @@ DEADLINE_FLOOR_S = 5.0   # per-call deadline: max(floor, factor x predicted), ca
 DEADLINE_FACTOR = 20.0   # once the family has a measured worker time (before that: Config.timeout)
 SYNC_LINK_PROBE_S = 0.05  # a call predicted to take this long here waits for its link's first bandwidth probe,
 SYNC_LINK_PROBE_RTTS = 100  # and this many of the link's round trips
-QUIET_TRIES = 20  # a probe on its own thread waits for an idle moment: this many checks (about 1 s),
-PROBE_RETRY_S = 2.0  # then not again for this long
+QUIET_TRIES = 4  # a probe on its own thread waits for an idle moment this many checks (about 0.2 s), then runs
 REPROBE_MAX_S = 5.0  # a faulted worker is probed again after 0.1 s, doubling up to this
 CPU_WORKER_AFTER_S = 10.0  # no GPU here: the embedded (CPU) worker starts once the program has run this long
 
@@ -156,8 +155,6 @@ class WorkerLink:
         self.rtt_s: float | None = None                    # measured at the first handshake
         self.bandwidth: tuple[float, float] | None = None  # (up, down) bytes/s, measured on first need
         self._bw_probing = False
-        self._bw_not_before = 0.0  # a background probe that found the program busy throughout: not again before
-        self._bw_postponed = False  # ... said once in the report
         self.proc: subprocess.Popen | None = None
         self.owner = os.getpid()
         self.tmpdir: str | None = None
@@ -298,11 +295,10 @@ class WorkerLink:
         or with ``wait`` on the caller's: a probe that shares a busy CPU with the program measures
         the program, not the link (on one core it read a third of the bandwidth), so a call long
         enough to pay for a few milliseconds has it made while the program waits anyway. The thread
-        waits for the program to be idle (its other threads' CPU time, as for calibration probes):
-        beside the program's BLAS calls a probe cost a 0.3 s program 5% and read the program."""
+        waits a little (QUIET_TRIES) for the program to be idle (its other threads' CPU time, as for
+        calibration probes): beside the program's BLAS calls a probe cost a 0.3 s program 5%."""
         with self._lock:
-            if (self.bandwidth is not None or self._bw_probing or self.stopped or not self.ready.is_set()
-                    or (not wait and time.monotonic() < self._bw_not_before)):
+            if self.bandwidth is not None or self._bw_probing or self.stopped or not self.ready.is_set():
                 return
             self._bw_probing = True
         if wait:
@@ -315,19 +311,12 @@ class WorkerLink:
         from .plan import calibrate
 
         for _ in range(QUIET_TRIES):
-            if self.stopped:
+            if self.stopped or calibrate.others_busy() <= calibrate.BUSY_SHARE:
                 break
-            if calibrate.others_busy() <= calibrate.BUSY_SHARE:
-                self._measure_bandwidth()
-                return
             time.sleep(calibrate.CONTENDED_PAUSE_S)
-        with self._lock:
-            self._bw_probing = False
-            self._bw_not_before = time.monotonic() + PROBE_RETRY_S
-            said, self._bw_postponed = self._bw_postponed, True
-        if not said:
-            self.ledger.event(f"link bandwidth to {self.url}: probe postponed, the program was computing "
-                              f"throughout (tried again after {PROBE_RETRY_S:g} s; a call long enough waits for it)")
+        # idle or not by now: left unmeasured longer, a link is never explored (a client held to one
+        # core, always busy, stopped offloading the chain of calls that pays there)
+        self._measure_bandwidth()
 
     def _measure_bandwidth(self) -> None:
         chan = None

@@ -546,47 +546,38 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
 
 
 
-def test_a_background_link_probe_waits_for_the_program_to_be_idle(inproc_worker, monkeypatch):
-    """Beside the program's BLAS calls a link probe cost a 0.3 s program 5% and measured the program:
-    on its own thread it runs only in an idle moment; a program busy throughout is left alone (said
-    once), and a call long enough to wait for it measures it on the caller's thread."""
+def test_a_background_link_probe_waits_a_little_for_the_program_to_be_idle(inproc_worker, monkeypatch):
+    """Beside the program's BLAS calls a link probe cost a 0.3 s program 5%: on its own thread it
+    waits up to QUIET_TRIES checks for an idle moment, then runs all the same (a link left unmeasured
+    is never explored)."""
     from fusion_shim import runtime
     from fusion_shim.plan import calibrate as cal
 
     busy = [2.0]
-    monkeypatch.setattr(cal, "others_busy", lambda window=cal.BUSY_WINDOW_S: busy[0])
-    monkeypatch.setattr(runtime, "QUIET_TRIES", 3)
+    checks = []
+    monkeypatch.setattr(cal, "others_busy", lambda window=cal.BUSY_WINDOW_S: checks.append(1) or busy[0])
     monkeypatch.setattr(cal, "CONTENDED_PAUSE_S", 0.01)
     rt = fusion_shim.install(policy="auto", worker=inproc_worker, quiet=True)
     try:
         _ready(rt)
         link = rt.link
 
-        def settle():
+        def measure():
+            link.bandwidth = None
+            checks.clear()
+            link.measure_bandwidth_soon()
             deadline = time.monotonic() + 30
-            while link._bw_probing and time.monotonic() < deadline:
+            while (link._bw_probing or link.bandwidth is None) and time.monotonic() < deadline:
                 time.sleep(0.01)
+            assert link.bandwidth is not None and link.bandwidth[0] > 1e6
 
-        link.bandwidth = None
-        link.measure_bandwidth_soon()
-        settle()
-        assert link.bandwidth is None and link._bw_not_before > time.monotonic()
-        assert sum("probe postponed" in e for _, e in rt.ledger.events) == 1
+        measure()  # busy throughout: measured after the last check
+        assert len(checks) == runtime.QUIET_TRIES
         busy[0] = 0.0
-        link.measure_bandwidth_soon()  # not before PROBE_RETRY_S
-        assert not link._bw_probing and link.bandwidth is None
-        link._bw_not_before = 0.0
-        link.measure_bandwidth_soon()
-        settle()
-        assert link.bandwidth is not None and link.bandwidth[0] > 1e6
-        # a call long enough waits for it on its own thread, idle or not
-        busy[0] = 2.0
-        link.bandwidth = None
-        link.measure_bandwidth_soon(wait=True)
-        assert link.bandwidth is not None
+        measure()  # idle: at once
+        assert len(checks) == 1
     finally:
         fusion_shim.uninstall()
-
 
 def test_a_worker_is_contended_only_where_this_processs_blas_runs_threads_beside_it(monkeypatch):
     """A client held to one CPU, or to one BLAS thread, has no helper threads spinning after its calls:

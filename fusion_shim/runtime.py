@@ -85,9 +85,9 @@ def _parallel_blas() -> bool:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
-    one = any(os.environ.get(v, "").strip() == "1" for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS",
-                                                             "MKL_NUM_THREADS"))
-    return cpus > 1 and not one
+    from .plan.calibrate import THREAD_VARS  # the BLAS thread settings the calibration cache is keyed on
+
+    return cpus > 1 and not any(os.environ.get(v, "").strip() == "1" for v in THREAD_VARS)
 
 
 def _lower_priority(pid: int) -> None:

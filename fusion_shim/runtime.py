@@ -742,12 +742,14 @@ class Runtime:
             held = [link.resident_bytes(wired) for link in self.links]
             if any(held):
                 decision = self.planner.decide(call, self._states(spec, [prep.bytes_in - h for h in held]))
-        if self.config.policy == "auto" and decision.remote_s is not None and decision.local_s is not None and (
-                decision.where == "worker" or decision.remote_s < 2 * decision.local_s):
-            # a worker is in the running for this call: its link's bandwidth is worth measuring now
-            # (priced with the prior until then; where even the prior rules it out, never; under
-            # policy remote nothing is decided, and the probe's traffic would only blur the counts).
-            # A call long enough waits for it and is decided again with the measured link.
+        if (self.config.policy == "auto" and decision.remote_s is not None and decision.local_s is not None
+                and any(link.bandwidth is None for link in self.links) and (decision.where == "worker" or (
+                    self.planner.link_could_matter(call, self._states(spec, [None] * len(self.links)))))):
+            # a worker is in the running for this call, its link aside: the link's bandwidth is
+            # worth measuring now (priced with the prior until then; where even a free link would
+            # leave the call here, never; under policy remote nothing is decided, and the probe's
+            # traffic would only blur the counts). A call long enough waits for it and is decided
+            # again with the measured link.
             t = time.perf_counter()
             probed = False
             for link in self.links:

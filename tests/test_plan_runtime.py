@@ -579,6 +579,31 @@ def test_a_background_link_probe_waits_a_little_for_the_program_to_be_idle(inpro
     finally:
         fusion_shim.uninstall()
 
+def test_a_link_is_probed_only_for_a_call_its_measurement_could_change(inproc_worker, monkeypatch):
+    """The runtime asks for a link's bulk probe only where the planner says a free link could move
+    the call (plan.Planner.link_could_matter); a program whose calls stay here either way never pays it."""
+    from fusion_shim import runtime
+
+    asked = []
+    monkeypatch.setattr(runtime.WorkerLink, "measure_bandwidth_soon", lambda self, wait=False: asked.append(wait))
+    a = RNG.standard_normal((768, 768))
+    expected = a @ a
+    rt = fusion_shim.install(policy="auto", worker=inproc_worker, quiet=True)
+    try:
+        _ready(rt)
+        matters = [False]
+        seen = []
+        monkeypatch.setattr(rt.planner, "link_could_matter", lambda call, workers: seen.append(call.op) or matters[0])
+        rt.planner.floor_cells["numpy.matmul"][0] = 0  # every matmul reaches the decision
+        np.testing.assert_allclose(np.matmul(a, a), expected)
+        assert seen == ["numpy.matmul"] and asked == []
+        matters[0] = True
+        np.testing.assert_allclose(np.matmul(a, a), expected)
+        assert asked and rt.link.bandwidth is None
+    finally:
+        fusion_shim.uninstall()
+
+
 def test_a_worker_is_contended_only_where_this_processs_blas_runs_threads_beside_it(monkeypatch):
     """A client held to one CPU, or to one BLAS thread, has no helper threads spinning after its calls:
     a same-host worker is not priced for them (the client on one core found the worker twice as fast)."""

@@ -117,6 +117,18 @@ class Planner:
             self.on_event(f"planner error, {call.op} computed here: {type(exc).__name__}: {exc}")
             return Decision("local", f"planner error: {type(exc).__name__}")
 
+    def link_could_matter(self, call: Call, workers: Sequence[WorkerState]) -> bool:
+        """Whether measuring the links could change where ``call`` goes: with every link free (its
+        bytes moved in no time) a worker would get it or explore it. Where even that keeps it here,
+        a link's bulk probe is spent for nothing (beside a 0.35 s program on a same-host worker it
+        cost 4-8% of the run, and read a third of the link's bandwidth)."""
+        try:
+            budget = self.explore_fraction * self.intercepted_s - self.explore_spent_s
+            return decide(self.policy, call, self.profile, workers, budget, self.min_flops,
+                          link_free=True).where == "worker"
+        except Exception:  # as decide(): never the program's problem; the probe is then made
+            return True
+
     @_never_raises
     def observed_local(self, call: Call, decision: Decision | None, seconds: float) -> None:
         """A call computed here, timed (NumPy's own time)."""

@@ -85,12 +85,14 @@ def _ms(s: float) -> str:
     return f"{s * 1e3:.3g} ms"
 
 
-def price_remote(call: Call, profile: Profile, i: int, w: WorkerState) -> tuple[float, float, int]:
-    """(seconds, sigma, samples) for running ``call`` on worker ``i`` in state ``w``."""
+def price_remote(call: Call, profile: Profile, i: int, w: WorkerState,
+                 link_free: bool = False) -> tuple[float, float, int]:
+    """(seconds, sigma, samples) for running ``call`` on worker ``i`` in state ``w``; with
+    ``link_free``, as if its bytes crossed the link in no time (the round trip still paid)."""
     model = profile.workers[i]
     up = call.bytes_in if w.bytes_in is None else min(max(w.bytes_in, 0), call.bytes_in)
     compute, sigma_c, n = model.device.predict(call.op, call.family, call.dtype, call.flops)
-    link = model.link.predict(up, call.bytes_out)
+    link = model.link.predict(0, 0) if link_free else model.link.predict(up, call.bytes_out)
     sl = model.link.sigma()
     total = link + compute + max(w.backlog_s, 0.0)
     # the log-sigma of a sum: each part's share of the total weighs its own uncertainty
@@ -99,7 +101,9 @@ def price_remote(call: Call, profile: Profile, i: int, w: WorkerState) -> tuple[
 
 
 def decide(policy: str, call: Call, profile: Profile, workers: Sequence[WorkerState],
-           explore_left_s: float = 0.0, min_flops: float = 0.0) -> Decision:
+           explore_left_s: float = 0.0, min_flops: float = 0.0, link_free: bool = False) -> Decision:
+    """Where ``call`` runs. ``link_free``: the decision it would get were every worker's link free
+    and measured: whether measuring a link could change it (a link's bulk probe is paid only then)."""
     if policy == "local":
         return Decision("local", "policy local")
     ready = [i for i, w in enumerate(workers) if w.state in CANDIDATE_STATES]
@@ -107,7 +111,7 @@ def decide(policy: str, call: Call, profile: Profile, workers: Sequence[WorkerSt
         states = sorted({w.state for w in workers}) or ["none"]
         return Decision("local", f"worker {'/'.join(states)}" if workers else "no worker")
     local_s, sigma_l, n_l = profile.local.predict(call.op, call.family, call.dtype, call.flops)
-    priced = [(price_remote(call, profile, i, workers[i]), i) for i in ready]
+    priced = [(price_remote(call, profile, i, workers[i], link_free), i) for i in ready]
     (remote_s, sigma_r, n_r), best = min(priced, key=lambda p: p[0][0])
     where = f" on {workers[best].name}" if len(workers) > 1 and workers[best].name else ""
     if policy == "remote":
@@ -132,7 +136,7 @@ def decide(policy: str, call: Call, profile: Profile, workers: Sequence[WorkerSt
     # local side known only by its prior: the call runs here and measures it first (explorations are
     # charged against the local prediction; a pessimistic prior made twelve of them look free)
     cost_sigma = math.hypot(sigma_r, SIGMA_SHARED_CPUS) if workers[best].contended else sigma_r
-    if (n_r < EXPLORE_SAMPLES and profile.workers[best].link.measured and sigma_l < SIGMA_PRIOR
+    if (n_r < EXPLORE_SAMPLES and (link_free or profile.workers[best].link.measured) and sigma_l < SIGMA_PRIOR
             and remote_s * math.exp(-Z_EXPLORE * sigma_r) < local_s
             and 0 < explore_left_s and remote_s * math.exp(Z_EXPLORE_COST * cost_sigma) - local_s <= explore_left_s):
         return Decision("worker", f"exploring{where}: predicted {_ms(remote_s)} there vs {_ms(local_s)} here, "

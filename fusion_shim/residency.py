@@ -42,6 +42,40 @@ def worth_keeping(arr: np.ndarray) -> bool:
     return arr.nbytes >= RESIDENT_MIN
 
 
+REUSE_CAP = 3  # an input seen in k earlier calls is expected in about k more, at most this many
+
+
+class Reuse:
+    """How many of this process's remote-candidate calls each input (by fingerprint) was an input
+    of, least recently used forgotten first. A chain of calls reusing one large matrix then prices
+    that matrix's upload over the calls it will serve: uploaded once, it stays on the worker (issue
+    5: a call that pays only once its inputs are there was otherwise never the first to go)."""
+
+    def __init__(self, size: int = 1024) -> None:
+        self._seen: OrderedDict[str, int] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def count(self, fp: str) -> int:
+        with self._lock:
+            return self._seen.get(fp, 0)
+
+    def note(self, fps: Any) -> None:
+        """One more call had these inputs (None: an input too small to keep)."""
+        with self._lock:
+            for fp in fps:
+                if fp is not None:
+                    self._seen[fp] = self._seen.get(fp, 0) + 1
+                    self._seen.move_to_end(fp)
+            while len(self._seen) > self._size:
+                self._seen.popitem(last=False)
+
+    def share(self, fp: str | None) -> float:
+        """The share of an input's upload one call is priced: an input seen in k earlier calls is
+        expected in about k more (at most REUSE_CAP), its upload split over them and this one."""
+        return 1.0 if fp is None else 1.0 / (min(self.count(fp), REUSE_CAP) + 1)
+
+
 class Mirror:
     """What one worker is believed to hold: fingerprint -> bytes, in least-recently-used order."""
 

@@ -49,7 +49,7 @@ from . import linkprobe, plan, transport, wire
 from .catalog import OpSpec, Prepared, Unsupported, prepare
 from .config import Config
 from .ledger import Ledger, Record, call_site
-from .residency import Mirror, fingerprint, worth_keeping
+from .residency import Mirror, Reuse, fingerprint, worth_keeping
 from .transport import shm as shmlane
 from .verify import compare
 
@@ -352,23 +352,19 @@ class WorkerLink:
             return boot == shmlane.boot_id()
         return self.embedded or transport.is_loopback(self.url or "")
 
-    def resident_bytes(self, wired: "_Wired") -> int:
-        """Bytes of a call's inputs this worker is believed to hold (its residency mirror, issue 6):
-        the planner prices only the rest."""
-        return wired.resident_in(self.mirror)
-
     def offers(self, kernel_id: str) -> bool:
         """Whether this worker has the kernel (its ``ready`` reply lists them; before it: assumed)."""
         kernels = self.info.get("kernels")
         return not isinstance(kernels, list) or kernel_id in kernels
 
-    def plan_state(self, missing: int | None) -> plan.WorkerState:
-        """What the planner sees of this worker for one call; ``missing``: the input bytes it lacks
-        (None: all of them)."""
+    def plan_state(self, missing: int | None, reused: int = 0) -> plan.WorkerState:
+        """What the planner sees of this worker for one call; ``missing``: the input bytes it is priced
+        for (None: all of them), ``reused``: bytes among them priced over their reuse (_Wired.to_send)."""
         state = self.state
         if state == "ready" and self.inflight > 0:
             state = "busy"
-        return plan.WorkerState(state, self.inflight, self.backlog_s, missing, self.url or "", self.contended)
+        return plan.WorkerState(state, self.inflight, self.backlog_s, missing, self.url or "", self.contended,
+                                reused)
 
     def _ready(self, text: str) -> None:
         with self._lock:
@@ -587,6 +583,7 @@ class Runtime:
         self.export_env = False  # set by the launcher: children reuse this process's worker
         self._verify_debt = 0.0  # sampling: a call is checked each time this reaches 1
         self.pinned_checks: dict[tuple, str] = {}  # op signature -> call site of the mismatch that pinned it
+        self.reuse = Reuse()  # inputs this process keeps passing to remote candidates (issue 5)
         self._results: dict[str, type] = {}
         # issue 8: ops in flight when the worker went down, by (kernel id, input dtypes)
         self.crash_limit = CRASH_LIMIT
@@ -739,9 +736,10 @@ class Runtime:
             t = time.perf_counter()
             wired = _Wired(prep.arrays)
             rec.phases["fingerprint"] = time.perf_counter() - t
-            held = [link.resident_bytes(wired) for link in self.links]
-            if any(held):
-                decision = self.planner.decide(call, self._states(spec, [prep.bytes_in - h for h in held]))
+            to_send = [wired.to_send(link.mirror, self.reuse) for link in self.links]
+            self.reuse.note(wired.fps)
+            if any(priced != prep.bytes_in for priced, _ in to_send):
+                decision = self.planner.decide(call, self._states(spec, *zip(*to_send)))
         if (self.config.policy == "auto" and decision.remote_s is not None and decision.local_s is not None
                 and any(link.bandwidth is None for link in self.links) and (decision.where == "worker" or (
                     self.planner.link_could_matter(call, self._states(spec, [None] * len(self.links)))))):
@@ -760,8 +758,8 @@ class Runtime:
                     probed = probed or wait
             if probed:
                 rec.phases["link_probe"] = time.perf_counter() - t
-                decision = self.planner.decide(call, self._states(spec, [
-                    prep.bytes_in - link.resident_bytes(wired) if wired is not None else None for link in self.links]))
+                decision = self.planner.decide(call, self._states(spec, *(
+                    zip(*to_send) if wired is not None else ([None] * len(self.links),))))
         rec.plan = (call, decision)
         rec.reason = decision.reason
         rec.predicted_local_s, rec.predicted_remote_s = decision.local_s, decision.remote_s
@@ -853,11 +851,12 @@ class Runtime:
             return None
         return f"the worker has no kernel {spec.kernel_id} (numba: {self.link.info.get('numba')})"
 
-    def _states(self, spec: OpSpec, missing: list[int | None]) -> list[plan.WorkerState]:
-        """Each worker as the planner sees it for this call; one without the row's kernel is no candidate."""
-        return [link.plan_state(m) if link.offers(spec.kernel_id) else plan.WorkerState("without-kernel",
-                                                                                        name=link.url or "")
-                for link, m in zip(self.links, missing)]
+    def _states(self, spec: OpSpec, missing: Any, reused: Any = None) -> list[plan.WorkerState]:
+        """Each worker as the planner sees it for this call (``missing``, ``reused``: per worker, as
+        plan_state takes them); one without the row's kernel is no candidate."""
+        return [link.plan_state(m, r) if link.offers(spec.kernel_id) else plan.WorkerState("without-kernel",
+                                                                                            name=link.url or "")
+                for link, m, r in zip(self.links, missing, reused or [0] * len(self.links))]
 
     def _count_crash(self, op_key: tuple, exc: Exception) -> None:
         """The worker went down with this op in flight; at ``crash_limit`` it runs locally from now on."""
@@ -1072,6 +1071,20 @@ class _Wired:
 
     def resident_in(self, mirror: Mirror) -> int:
         return sum(self.sizes[i] for i in self.refs_in(mirror))
+
+    def to_send(self, mirror: Mirror, reuse: Reuse) -> tuple[int, int]:
+        """(input bytes a worker with ``mirror`` is priced for, bytes of inputs reused here whose
+        upload is priced over their reuse): what it holds costs nothing, what this process keeps
+        reusing costs its share (residency.Reuse), the rest in full."""
+        held = set(self.refs_in(mirror))
+        priced = reused = 0.0
+        for i, (fp, size) in enumerate(zip(self.fps, self.sizes)):
+            if i in held:
+                continue
+            share = reuse.share(fp)
+            priced += size * share
+            reused += size if share < 1.0 else 0
+        return int(priced), int(reused)
 
 
 def _dtype_code(prep: Prepared) -> str:

@@ -10,6 +10,7 @@ import pytest
 import fusion_shim
 from fusion_shim.config import Config, ConfigError
 from fusion_shim.plan import NEVER, Planner, calibrate
+from fusion_shim.residency import Mirror
 
 RNG = np.random.default_rng(5)
 
@@ -282,7 +283,7 @@ def test_the_worker_that_holds_the_inputs_is_preferred(two_workers):
 
         synthetic()
         rt.planner.inputs_may_be_resident = True
-        rt.links[1].resident_bytes = lambda wired: sum(wired.sizes)
+        rt.links[1].mirror = _Believed(held=True)
         rt.planner.refresh_floors()
         a = RNG.standard_normal((700, 700))
         for _ in range(3):
@@ -291,12 +292,23 @@ def test_the_worker_that_holds_the_inputs_is_preferred(two_workers):
         recs = [r for r in rt.ledger.records if r.op == "numpy.matmul"]
         assert recs and all(r.kind == "worker" for r in recs), [r.reason for r in recs]
         assert all(two_workers[1] in r.reason for r in recs)
-        rt.links[1].resident_bytes = lambda wired: 0  # nobody holds them: the upload would cost seconds
+        rt.links[1].mirror = _Believed(held=False)  # nobody holds them: the upload would cost seconds
         synthetic()
         np.matmul(a, a)
         assert rt.ledger.records[-1].kind == "local"
     finally:
         fusion_shim.uninstall()
+
+
+class _Believed(Mirror):
+    """A residency mirror that believes it holds every input (or none)."""
+
+    def __init__(self, held: bool):
+        super().__init__()
+        self.held = held
+
+    def __contains__(self, fp):
+        return self.held
 
 
 def test_calibrate_command_writes_the_cache(tmp_path):

@@ -8,6 +8,8 @@ What ``auto`` prices, per candidate worker (issue 5):
 
 - only the input bytes that worker does not already hold (``WorkerState.bytes_in``; the residency
   mirror answers it, issue 6) going up, and the result's bytes coming back, over its link model;
+  an input this process keeps passing to calls counts by its share of an upload that will serve
+  them all (``WorkerState.reused``; residency.Reuse);
 - its device's compute time for the op, dtype and work;
 - the work queued ahead of the call on that worker (``backlog_s``; a busy worker is not free);
 - a cold or warming worker is never a candidate: its warm-up is never waited for.
@@ -63,10 +65,12 @@ class WorkerState:
     state: str              # "cold" | "warming" | "starting" | "ready" | "busy" | "down" | "stopped"
     queued: int = 0         # this process's calls in flight on it
     backlog_s: float = 0.0  # their predicted remaining seconds
-    bytes_in: int | None = None  # input bytes it does not hold yet; None: all of them
+    bytes_in: int | None = None  # input bytes it is priced for (not held yet; reused ones by their share); None: all
     name: str = ""
     contended: bool = False      # it computes on CPUs this process's BLAS threads may be spinning on
 #                                  (runtime.WorkerLink.contended)
+    reused: int = 0              # bytes of inputs this process keeps reusing, counted in bytes_in only
+#                                  by their share of the upload (residency.Reuse): once there, they stay
 
 
 @dataclass(frozen=True)
@@ -128,8 +132,10 @@ def decide(policy: str, call: Call, profile: Profile, workers: Sequence[WorkerSt
             # the local model could be wrong the other way: measuring it here is how it learns
             return Decision("local", f"exploring here: predicted {_ms(local_s)} vs {_ms(remote_s)}{where}, "
                             f"{n_l} samples", local_s, remote_s, None, True, sigma_l, sigma_r)
-        return Decision("worker", f"predicted {_ms(remote_s)}{where} < {_ms(local_s)} here (margin x{margin:.2f})",
-                        local_s, remote_s, best, False, sigma_l, sigma_r)
+        invest = (f", {workers[best].reused / 1e6:.3g} MB of reused inputs priced over their reuse"
+                  if workers[best].reused else "")
+        return Decision("worker", f"predicted {_ms(remote_s)}{where} < {_ms(local_s)} here (margin x{margin:.2f})"
+                        f"{invest}", local_s, remote_s, best, False, sigma_l, sigma_r)
     # exploration: the slower-looking place, when it could win and its price fits the budget; never
     # over a link not yet measured (its prior can be off by far more than its sigma says: on an
     # emulated 1 Gbit/s link one such exploration cost a third of a short program), nor against a

@@ -290,8 +290,8 @@ class WorkerLink:
         return {"up_bytes_per_s": self.bandwidth[0], "down_bytes_per_s": self.bandwidth[1]}
 
     def measure_bandwidth_soon(self, wait: bool = False) -> None:
-        """Issue 5: one bulk transfer each way (about 4 MB), the first time a call could go to this
-        worker; until it is done the planner prices the link with its prior. On a thread of its own,
+        """Issue 5: bulk transfers each way (about 7 MB in all, linkprobe), the first time a call could
+        go to this worker; until it is done the planner prices the link with its prior. On a thread of its own,
         or with ``wait`` on the caller's: a probe that shares a busy CPU with the program measures
         the program, not the link (on one core it read a third of the bandwidth), so a call long
         enough to pay for a few milliseconds has it made while the program waits anyway. The thread

@@ -630,3 +630,22 @@ def test_a_worker_is_contended_only_where_this_processs_blas_runs_threads_beside
     monkeypatch.delenv("OPENBLAS_NUM_THREADS")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     assert not runtime._parallel_blas()
+
+
+def test_the_link_probe_keeps_the_best_transfer_and_never_reads_one_faster_than_its_round_trip_allows(monkeypatch):
+    """Contention only ever slows a transfer down: of the probe's transfers each way the fastest is
+    kept. A transfer shorter than the round trip's jitter is read at no more than twice what its whole
+    time says (the bare difference once read 50 GB/s on loopback)."""
+    from fusion_shim import linkprobe
+
+    times = iter([(0.003, 0.0), (0.003, 0.0),    # small: up, down
+                  (0.020, 0.0), (0.040, 0.0),    # large: a busy moment
+                  (0.004, 0.0), (0.002, 0.0)])   # large again: the link itself
+    monkeypatch.setattr(linkprobe, "_call", lambda *a, **k: next(times))
+    monkeypatch.setattr(linkprobe, "FAST_S", 1.0)
+    up, down, why, moved = linkprobe.bandwidth(None, lambda: 1, rtt=0.001)
+    assert why is None and moved > 0
+    n = linkprobe.LARGE // 8
+    m = int(n ** 0.5)
+    assert up == pytest.approx(2 * 8 * n / (0.004 - 0.001))
+    assert down == pytest.approx(8 * m * m / (0.002 / 2))  # 2 ms less a 1 ms round trip: clamped at half

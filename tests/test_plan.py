@@ -437,3 +437,20 @@ def test_a_links_bulk_probe_is_wanted_only_where_a_free_link_could_change_the_de
     # a worker that is not ready, or policy local: nothing to measure for
     assert not planner.link_could_matter(call, [WorkerState("warming")])
     assert not Planner("local", profile=p).link_could_matter(call, READY)
+
+
+def test_a_worker_contended_by_the_programs_blas_needs_a_wider_margin_until_the_op_has_run_there():
+    """Read off a benchmark the worker ran with the machine to itself, a same-host CPU worker beside
+    the program's BLAS threads took 1-30x that (an svd benchmarked at 23 ms took 117 ms): a call it is
+    predicted to win by 2x goes there only once the op's own calls there say so."""
+    call = matmul(1024)
+    p = profile(local=100, worker=400, bw=1e12)   # flat curves: the worker predicted ~4x faster
+    assert decide("auto", call, p, READY).where == "worker"
+    p = profile(local=100, worker=200, bw=1e12)   # 2x: enough on its own, not beside the program's BLAS
+    shared = [WorkerState("ready", contended=True)]
+    assert decide("auto", call, p, READY).where == "worker"
+    d = decide("auto", call, p, shared)
+    assert d.where == "local" and not d.explore
+    for _ in range(3):  # its own calls there, as predicted
+        p.workers[0].device.observe(call.op, call.family, call.dtype, call.flops, call.flops / 200e9)
+    assert decide("auto", call, p, shared).where == "worker"

@@ -195,6 +195,7 @@ def _synthetic(rt, local_gflops: float, worker_gflops: float, bandwidth: float) 
         setattr(rt.planner, name, lambda *a, **k: None)
     for link in rt.links:
         link.bandwidth = (bandwidth, bandwidth)  # measured: no probe of its own
+        link.contended = False  # as a worker on CPUs (or a GPU) of its own: no margin for the program's BLAS
     rt.planner.refresh_floors()
 
 

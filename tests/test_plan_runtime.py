@@ -384,6 +384,31 @@ def test_worker_self_benchmark_is_short_when_it_shares_the_programs_cpus():
     assert max(f for f, _ in own["points"]["products/f8"]) > max(f for f, _ in shared["points"]["products/f8"])
 
 
+def test_a_decomposition_the_worker_could_not_time_is_reported_not_claimed(monkeypatch):
+    """A kernel that fails in the worker's self-benchmark is not claimed (its calls are priced off the
+    family's curve), and the client says which one and why, instead of nothing."""
+    from fusion_shim.catalog import BY_NAME
+    from fusion_shim.worker import kernels
+
+    spec_ids = {op: BY_NAME[op].kernel_id for op, _ in kernels.OPS_BENCH}
+    broken = dict(kernels.KERNELS)
+
+    def no_qr(*args, **kwargs):
+        raise RuntimeError("not on this device")
+
+    broken[spec_ids["numpy.linalg.qr"]] = no_qr
+    monkeypatch.setattr(kernels, "KERNELS", broken)
+    ops, failed = kernels.TorchBackend("cpu")._bench_ops(32, repeat=1)
+    assert "numpy.linalg.qr/f8" not in ops and "numpy.linalg.svd/f8" in ops
+    assert failed == {"numpy.linalg.qr": "RuntimeError: not on this device"}
+    events = []
+    planner = Planner("auto", 1, on_event=events.append, ops={op: "linalg" for op, _ in kernels.OPS_BENCH})
+    planner.worker_ready(0, {"points": {"linalg/f8": [[1e9, 1e-3]]}, "ops": ops, "ops_failed": failed},
+                         1e-4, 1e10, 1e10)
+    assert ("numpy.linalg.qr", "f8") not in planner.profile.workers[0].device.op_curves
+    assert any("linalg.qr (RuntimeError: not on this device)" in e for e in events), events
+
+
 def test_worker_times_each_decomposition_through_its_own_kernel():
     """Read off the family's solve curve an svd's rate was out 2-4x on this CPU; the worker times each
     decomposition's own kernel once, at the work a real call of that shape prepares, and the planner
@@ -394,7 +419,8 @@ def test_worker_times_each_decomposition_through_its_own_kernel():
     from fusion_shim.catalog.base import original
     from fusion_shim.worker.kernels import OPS_BENCH, TorchBackend
 
-    ops = TorchBackend("cpu")._bench_ops(64, repeat=1)
+    ops, failed = TorchBackend("cpu")._bench_ops(64, repeat=1)
+    assert failed == {}
     a = np.eye(64) * 2.0
     for op, kwargs in OPS_BENCH:
         spec = BY_NAME[op]
@@ -590,6 +616,7 @@ def test_a_background_link_probe_waits_a_little_for_the_program_to_be_idle(inpro
         assert len(checks) == 1
     finally:
         fusion_shim.uninstall()
+
 
 def test_a_link_is_probed_only_for_a_call_its_measurement_could_change(inproc_worker, monkeypatch):
     """The runtime asks for a link's bulk probe only where the planner says a free link could move

@@ -273,7 +273,7 @@ def test_a_chain_reusing_a_matrix_goes_to_the_worker_once_its_upload_is_shared(s
     try:
         assert rt.link.wait_ready(60)
         # SYNTHETIC profile: moving a costs 12 ms, b and the result 2 ms, the product 10 ms here and
-        # next to nothing there; the margin (about 1.5x) needs a's upload split three ways or more
+        # next to nothing there; the margin (about 1.9x) needs a's upload split four ways
         bw = 3.92e6 / 0.012
         flops = 2 * 700 * 700 * 58
         _synthetic(rt, flops / 0.010 / 1e9, 1e4, bw)

@@ -230,6 +230,12 @@ class Planner:
                                                                    if isinstance(p, (list, tuple)) and len(p) == 2])
                             model.benchmarked = True
                 self._seed_ops(model, bench.get("ops"))
+                failed = bench.get("ops_failed")
+                if isinstance(failed, dict) and failed:
+                    self.on_event(f"worker {worker}'s self-benchmark could not time "
+                                  + "; ".join(f"{str(op).removeprefix('numpy.')} ({str(why)[:120]})"
+                                              for op, why in list(failed.items())[:MAX_SEEDED_OPS])
+                                  + ": their calls are priced off their family's curve")
                 if not model.benchmarked:  # an older worker: one float64 rate per family
                     for family in FAMILIES:
                         rate = bench.get(family)

@@ -856,13 +856,16 @@ class TorchBackend:
                     rates[family] = max(f / s for f, s in pts) / 1e9
         # and each decomposition at one size (about 0.2 s shared, 0.5 s on another CPU worker)
         n = 1024 if big else 192 if shared else 384
-        return {**rates, "points": points, "ops": self._bench_ops(n, repeat=1 if shared else 3)}
+        ops, failed = self._bench_ops(n, repeat=1 if shared else 3)
+        return {**rates, "points": points, "ops": ops, **({"ops_failed": failed} if failed else {})}
 
-    def _bench_ops(self, n: int, repeat: int) -> dict[str, list]:
+    def _bench_ops(self, n: int, repeat: int) -> tuple[dict[str, list], dict[str, str]]:
         """Each decomposition's own kernel timed once at one size, through the catalog's rule and the
         kernel a real call runs (float64, n x n, symmetric positive definite): "numpy.linalg.svd/f8":
         [[flops, seconds], ...]. The family's curve is measured with ``solve``; read off it, the rate of
-        an svd or a qr was out by 2-4x on this CPU, and a GPU's solvers differ from its solve far more."""
+        an svd or a qr was out by 2-4x on this CPU, and a GPU's solvers differ from its solve far more.
+        Second: the ops whose kernel failed here, with why (the client reports them; their calls are
+        priced off the family's curve, and a real call that fails falls back and says so itself)."""
         from ..catalog import BY_NAME, prepare
         from ..catalog.base import original
 
@@ -871,6 +874,7 @@ class TorchBackend:
         g = torch.randn(n, n, generator=torch.Generator(device="cpu").manual_seed(0), dtype=torch.float64)
         spd = (g @ g.T / n + torch.eye(n, dtype=torch.float64)).numpy()
         out: dict[str, list] = {}
+        failed: dict[str, str] = {}
         for op, kwargs in OPS_BENCH:
             spec = BY_NAME.get(op)
             kernel = KERNELS.get(spec.kernel_id) if spec is not None else None
@@ -880,10 +884,11 @@ class TorchBackend:
                 prep = prepare(spec, inspect.signature(original(spec)), (spd,), kwargs)
                 tensors = [self.to_device(x) for x in prep.arrays]
                 seconds = self._best(lambda: self.compute(kernel, tensors, prep.params, prep.layouts), repeat)
-            except Exception:  # not on this device: its calls say so themselves, and nothing is claimed here
+            except Exception as exc:  # not on this device: nothing is claimed for it, and the client says so
+                failed[op] = f"{type(exc).__name__}: {exc}"[:200]
                 continue
             out.setdefault(f"{op}/f8", []).append([prep.flops, seconds])
-        return out
+        return out, failed
 
     def _best(self, fn: Callable[[], Any], repeat: int = 3) -> float:
         fn()

@@ -442,7 +442,7 @@ def test_a_links_bulk_probe_is_wanted_only_where_a_free_link_could_change_the_de
 def test_a_worker_contended_by_the_programs_blas_needs_a_wider_margin_until_the_op_has_run_there():
     """Read off a benchmark the worker ran with the machine to itself, a same-host CPU worker beside
     the program's BLAS threads took 1-30x that (an svd benchmarked at 23 ms took 117 ms): a call it is
-    predicted to win by 2x goes there only once the op's own calls there say so."""
+    predicted to win by 2x goes there only once calls there say so."""
     call = matmul(1024)
     p = profile(local=100, worker=400, bw=1e12)   # flat curves: the worker predicted ~4x faster
     assert decide("auto", call, p, READY).where == "worker"
@@ -451,6 +451,10 @@ def test_a_worker_contended_by_the_programs_blas_needs_a_wider_margin_until_the_
     assert decide("auto", call, p, READY).where == "worker"
     d = decide("auto", call, p, shared)
     assert d.where == "local" and not d.explore
+    other = Call("numpy.dot", "products", "f8", call.flops, call.bytes_in, call.bytes_out)
+    assert decide("auto", other, p, shared).where == "local"
     for _ in range(3):  # its own calls there, as predicted
         p.workers[0].device.observe(call.op, call.family, call.dtype, call.flops, call.flops / 200e9)
     assert decide("auto", call, p, shared).where == "worker"
+    # and the drift those calls measured (none here) now stands for the other ops' curves too
+    assert p.workers[0].device.drift_n and decide("auto", other, p, shared).where == "worker"

@@ -16,7 +16,7 @@ What ``auto`` prices, per candidate worker (issue 5):
 
 The margin is ``exp(Z * sqrt(sigma_local^2 + sigma_remote^2))``: wide for priors (Z_PRIOR sigmas
 where a side has nothing but the static prior), narrowing as the models gather samples (on a worker
-contended by the program's BLAS threads, SIGMA_SHARED_CPUS wider until the op has run there). Exploration
+contended by the program's BLAS threads, SIGMA_SHARED_CPUS wider until a call has run there). Exploration
 tries the place predicted slower when it could plausibly win (optimistic by Z_EXPLORE sigmas), its
 model has few samples for that size, and what it could cost (priced pessimistically, Z_EXPLORE_COST
 sigmas slow, with SIGMA_SHARED_CPUS more on a worker contended by the program's BLAS threads) fits the
@@ -39,8 +39,9 @@ Z_EXPLORE = 2.0          # "could plausibly win": optimistic by this many sigmas
 Z_EXPLORE_COST = 1.0     # what an exploration could cost: pessimistic by this many sigmas (the budget
 #                          is charged what it did cost, so a worse one only delays the next; at 2 the
 #                          client held to one core never explored the worker that was twice as fast)
-SIGMA_SHARED_CPUS = 1.0  # added to the margin of an op not yet run there, and to what an exploration
-#                          could cost, on a worker that computes on CPUs the program's multi-threaded
+SIGMA_SHARED_CPUS = 1.0  # added to the margin of an op not yet run there (before any call measured its
+#                          drift), and to what an exploration could cost, on a worker that computes on
+#                          CPUs the program's multi-threaded
 #                          BLAS uses: right after a BLAS call (its helper
 #                          threads still spinning) such a worker's kernel took 1-30x its idle time
 #                          (2-core development machine: eigh 200 3-107 ms, svd 512 28-795 ms), and
@@ -125,11 +126,13 @@ def decide(policy: str, call: Call, profile: Profile, workers: Sequence[WorkerSt
         return Decision("worker", "policy remote", local_s, remote_s, best, False, sigma_l, sigma_r)
     if call.flops < min_flops:
         return Decision("local", f"below the floor: {call.flops:.3g} flops < {min_flops:.3g}")
-    # a worker computing on the CPUs the program's BLAS threads use: until this op has run there, its
-    # time is read off a benchmark it ran with the machine to itself, and beside the program its
-    # kernels took 1-30x that (an svd 512 benchmarked at 23 ms took 117 ms): as uncertain as it is
-    # to explore, it is as uncertain to offload
-    shared = workers[best].contended and n_r < EXPLORE_SAMPLES
+    # a worker computing on the CPUs the program's BLAS threads use: until it has run anything beside
+    # the program (its drift from its benchmark, model.RateModel.drift, unknown) and this op has not
+    # run there, its time is read off a benchmark it ran with the machine to itself, and beside the
+    # program its kernels took 1-30x that (an svd 512 benchmarked at 23 ms took 117 ms): as uncertain
+    # as it is to explore, it is as uncertain to offload. Once one call has measured the drift, the
+    # curves follow it (held for every op, this margin cost fft_heavy the FFTs that pay there)
+    shared = workers[best].contended and n_r < EXPLORE_SAMPLES and not profile.workers[best].device.drift_n
     spread = math.hypot(sigma_l, math.hypot(sigma_r, SIGMA_SHARED_CPUS) if shared else sigma_r)
     z = Z_PRIOR if max(sigma_l, sigma_r) >= SIGMA_PRIOR else Z
     margin = math.exp(z * spread + MIN_LOG_MARGIN)

@@ -41,10 +41,9 @@ Z_EXPLORE_COST = 1.0     # what an exploration could cost: pessimistic by this m
 #                          client held to one core never explored the worker that was twice as fast)
 SIGMA_SHARED_CPUS = 1.0  # added to the margin of an op not yet run there (before any call measured its
 #                          drift), and to what an exploration could cost, on a worker that computes on
-#                          CPUs the program's multi-threaded
-#                          BLAS uses: right after a BLAS call (its helper
-#                          threads still spinning) such a worker's kernel took 1-30x its idle time
-#                          (2-core development machine: eigh 200 3-107 ms, svd 512 28-795 ms), and
+#                          CPUs the program's multi-threaded BLAS uses: right after a BLAS call (its
+#                          helper threads still spinning) such a worker's kernel took 1-30x its idle
+#                          time (2-core development machine: eigh 200 3-107 ms, svd 512 28-795 ms), and
 #                          abandoning it there would only make the local call compete with it
 MIN_LOG_MARGIN = 0.02    # never offload on a predicted gain under 2%
 EXPLORE_SAMPLES = 2      # a place with fewer samples than this for the call's size may be explored

@@ -1069,9 +1069,6 @@ class _Wired:
     def refs_in(self, mirror: Mirror) -> list[int]:
         return [i for i, fp in enumerate(self.fps) if fp is not None and fp in mirror]
 
-    def resident_in(self, mirror: Mirror) -> int:
-        return sum(self.sizes[i] for i in self.refs_in(mirror))
-
     def to_send(self, mirror: Mirror, reuse: Reuse) -> tuple[int, int]:
         """(input bytes a worker with ``mirror`` is priced for, bytes of inputs reused here whose
         upload is priced over their reuse): what it holds costs nothing, what this process keeps

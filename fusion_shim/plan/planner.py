@@ -230,12 +230,6 @@ class Planner:
                                                                    if isinstance(p, (list, tuple)) and len(p) == 2])
                             model.benchmarked = True
                 self._seed_ops(model, bench.get("ops"))
-                failed = bench.get("ops_failed")
-                if isinstance(failed, dict) and failed:
-                    self.on_event(f"worker {worker}'s self-benchmark could not time "
-                                  + "; ".join(f"{str(op).removeprefix('numpy.')} ({str(why)[:120]})"
-                                              for op, why in list(failed.items())[:MAX_SEEDED_OPS])
-                                  + ": their calls are priced off their family's curve")
                 if not model.benchmarked:  # an older worker: one float64 rate per family
                     for family in FAMILIES:
                         rate = bench.get(family)
@@ -243,6 +237,12 @@ class Planner:
                             model.device.set_curve(family, "f8", [(1e8, 1e8 / (rate * 1e9))])
                             model.benchmarked = True
             self.ready.add(worker)
+        failed = bench.get("ops_failed") if isinstance(bench, dict) else None
+        if isinstance(failed, dict) and failed:  # said outside the lock, as every event
+            self.on_event(f"worker {worker}'s self-benchmark could not time "
+                          + "; ".join(f"{str(op).removeprefix('numpy.')} ({str(why)[:120]})"
+                                      for op, why in list(failed.items())[:MAX_SEEDED_OPS])
+                          + ": their calls are priced off their family's curve")
         self.refresh_floors()
 
     def _seed_ops(self, model: Any, ops: Any) -> None:

@@ -70,6 +70,11 @@ class Reuse:
             while len(self._seen) > self._size:
                 self._seen.popitem(last=False)
 
+    def least_share(self, fp: str | None) -> float:
+        """The smallest share of an input's upload a call could ever be priced (an input seen before:
+        its upload split over the most calls the pricing expects; one never seen: all of it)."""
+        return 1.0 if fp is None or not self.count(fp) else 1.0 / (REUSE_CAP + 1)
+
     def share(self, fp: str | None) -> float:
         """The share of an input's upload one call is priced: an input seen in k earlier calls is
         expected in about k more (at most REUSE_CAP), its upload split over them and this one."""

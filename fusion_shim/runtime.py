@@ -728,15 +728,19 @@ class Runtime:
         call = plan.Call(spec.name, spec.family, _dtype_code(prep), prep.flops, prep.bytes_in, prep.bytes_out)
         decision = self.planner.decide(call, self._states(spec, [None] * len(self.links)))
         wired = None
+        inputs_up = None  # the fewest input bytes a worker could be priced for (None: not looked at)
         # Residency (issue 6): fingerprint only a remote candidate: a call that goes to a worker, or
-        # one that would if its inputs were already there. Each worker is then priced for the input
-        # bytes it does not hold (issue 5), and the one that holds them is preferred.
-        if self.config.residency and self.links and (decision.where == "worker" or (
-                decision.remote_s is not None and self._would_offload_if_resident(spec, call))):
+        # one that would if its inputs were already there, or one for which where its inputs are
+        # decides whether it is evidence for its op's floor (issue 5). Each worker is then priced for
+        # the input bytes it does not hold (issue 5), and the one that holds them is preferred.
+        if self.config.residency and self.links and decision.remote_s is not None and (
+                decision.where == "worker" or self._would_offload_if_resident(spec, call)
+                or self.planner.residency_decides(call, decision)):
             t = time.perf_counter()
             wired = _Wired(prep.arrays)
             rec.phases["fingerprint"] = time.perf_counter() - t
             to_send = [wired.to_send(link.mirror, self.reuse) for link in self.links]
+            inputs_up = min(wired.least_to_send(link.mirror, self.reuse) for link in self.links)
             self.reuse.note(wired.fps)
             if any(priced != prep.bytes_in for priced, _ in to_send):
                 decision = self.planner.decide(call, self._states(spec, *zip(*to_send)))
@@ -760,7 +764,7 @@ class Runtime:
                 rec.phases["link_probe"] = time.perf_counter() - t
                 decision = self.planner.decide(call, self._states(spec, *(
                     zip(*to_send) if wired is not None else ([None] * len(self.links),))))
-        rec.plan = (call, decision)
+        rec.plan = (call, decision, inputs_up)
         rec.reason = decision.reason
         rec.predicted_local_s, rec.predicted_remote_s = decision.local_s, decision.remote_s
         if decision.where == "local":
@@ -797,7 +801,7 @@ class Runtime:
             rec.kind = "local"
             rec.reason = (f"exploration abandoned after {waited * 1e3:.3g} ms (predicted {(predicted or 0) * 1e3:.3g} "
                           f"ms there, {(decision.local_s or 0) * 1e3:.3g} ms here): computed here")
-            rec.plan = (call, plan.Decision("local", rec.reason, decision.local_s, decision.remote_s))
+            rec.plan = (call, plan.Decision("local", rec.reason, decision.local_s, decision.remote_s), None)
             if self.planner.explorations_abandoned == 1:
                 self.ledger.event(f"an exploration of {call.op} on {link.url} was abandoned after "
                                   f"{waited * 1e3:.3g} ms and computed here (explorations' cost is bounded "
@@ -1039,7 +1043,7 @@ class Runtime:
         rec.raised = None if exc is None else type(exc).__name__
         planned = getattr(rec, "plan", None)
         if planned is not None and exc is None:
-            self.planner.observed_local(planned[0], planned[1], seconds)
+            self.planner.observed_local(planned[0], planned[1], seconds, planned[2])
         self.ledger.add(rec)
         if self.config.strict and exc is None and rec.kind in ("unsupported", "fallback"):
             raise FallbackError(f"{rec.op} at {rec.site} ran locally: {rec.kind}: {rec.reason}")
@@ -1082,6 +1086,13 @@ class _Wired:
             priced += size * share
             reused += size if share < 1.0 else 0
         return int(priced), int(reused)
+
+    def least_to_send(self, mirror: Mirror, reuse: Reuse) -> int:
+        """The fewest input bytes a worker with ``mirror`` could ever be priced for with these inputs
+        (what ``to_send`` prices once each reused input's share has fallen as far as it goes)."""
+        held = set(self.refs_in(mirror))
+        return int(sum(size * reuse.least_share(fp) for i, (fp, size) in enumerate(zip(self.fps, self.sizes))
+                       if i not in held))
 
 
 def _dtype_code(prep: Prepared) -> str:

@@ -245,6 +245,16 @@ def test_planner_reports_resets():
     assert any("reset" in e for e in events)
 
 
+def test_learning_never_raises_into_the_program():
+    """The planner learns on the program's thread after its call: a bug there (here, a call it
+    cannot take) is an event in the report, never an exception, keyword arguments included."""
+    events = []
+    planner = Planner("auto", 1, on_event=events.append)
+    planner.observed_local(matmul(512), None, 0.01, inputs_up=None, unexpected=1)
+    planner.observed_remote(0, matmul(512))
+    assert len(events) == 2 and all(e.startswith("planner error in observed_") for e in events), events
+
+
 def test_link_model_learns_bandwidth_and_round_trip():
     link = LinkModel()
     link.set_measured(1e-4, 1e9, 1e9)

@@ -1,6 +1,7 @@
 """Issue 6: inputs and results stay on the worker; references instead of bytes; never a stale answer."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -292,5 +293,76 @@ def test_a_chain_reusing_a_matrix_goes_to_the_worker_once_its_upload_is_shared(s
         assert "reused inputs" in recs[first].reason, recs[first].reason
         assert all(k == "worker" for k in kinds[first:])
         assert all(r.resident_hits == 1 for r in recs[first + 1:])    # a stayed there
+    finally:
+        fusion_shim.uninstall()
+
+
+def test_least_to_send_prices_reused_inputs_at_their_smallest_share():
+    from fusion_shim.residency import REUSE_CAP, Mirror, Reuse
+    from fusion_shim.runtime import _Wired
+
+    a, b = RNG.standard_normal((400, 400)), RNG.standard_normal((400, 200))
+    wired = _Wired([a, b])
+    fa, fb = wired.fps
+    mirror, reuse = Mirror(), Reuse()
+    assert wired.least_to_send(mirror, reuse) == a.nbytes + b.nbytes      # never seen: all of it
+    reuse.note([fa])                                                     # seen once: as if seen REUSE_CAP times
+    assert wired.least_to_send(mirror, reuse) == a.nbytes // (REUSE_CAP + 1) + b.nbytes
+    mirror.add(fb, b.nbytes)
+    assert wired.least_to_send(mirror, reuse) == a.nbytes // (REUSE_CAP + 1)
+
+
+def test_short_calls_with_fresh_inputs_raise_their_floor_once_looked_at(store_worker):
+    """Issue 5: a short call that could win only were its inputs already on the worker. Its op's
+    floor assumes they may be; a call whose inputs turn out held nowhere and reused by nothing is
+    evidence against it: after HOPELESS_CALLS of them the op's calls of that size cost one comparison
+    (the slow path and a hash otherwise cost each of them 0.2-0.3 ms). An input the program keeps
+    reusing is not; large inputs are not hashed for it, and an op is looked at no more than
+    LOOK_CALLS times between refreshes."""
+    from fusion_shim import plan
+    from fusion_shim.plan.planner import HOPELESS_CALLS, LOOK_CALLS, LOOK_MAX_BYTES, LOOK_MAX_S
+
+    url, _ = store_worker
+    rt = fusion_shim.install(policy="auto", worker=url, quiet=True)
+    try:
+        assert rt.link.wait_ready(60)
+        # SYNTHETIC profile: here 50 GFLOP/s, the worker 1000 behind a 1 GB/s link; 800x800 @ 800x100:
+        # 2.6 ms here; there 0.9 ms with a and b already there, 6.7 ms sending them
+        _synthetic(rt, 50.0, 1000.0, 1e9)
+        planner = rt.planner
+
+        def evidence_only(call, decision, seconds, inputs_up=None):  # no learning: the profile stays fixed
+            if decision is not None and decision.where == "local" and not decision.explore and decision.remote_s:
+                planner._evidence(call, inputs_up)
+
+        planner.observed_local = evidence_only
+        calls = HOPELESS_CALLS + 2
+        for _ in range(calls):
+            np.matmul(RNG.standard_normal((800, 800)), RNG.standard_normal((800, 100)))
+        recs = [r for r in rt.ledger.records if r.op == "numpy.matmul"]
+        assert len(recs) == HOPELESS_CALLS, [r.reason for r in recs]          # then below the raised floor
+        assert all(r.kind == "local" and "fingerprint" in r.phases for r in recs)
+        assert rt.planner.raised["numpy.matmul"] > 800 * 900 * 8
+        # an input the program keeps passing may yet be worth its upload (at 2 GB/s, shared four
+        # ways, it could be): it is not evidence
+        _synthetic(rt, 50.0, 1000.0, 2e9)
+        planner.observed_local = evidence_only
+        a = RNG.standard_normal((800, 800))
+        for _ in range(HOPELESS_CALLS + 2):
+            np.matmul(a, RNG.standard_normal((800, 100)))
+        assert "numpy.matmul" not in planner.raised
+        # how often a call that stays here is looked at for it: LOOK_CALLS times an op between
+        # refreshes, never for inputs too large to hash cheaply nor for calls too long to mind
+        call = plan.Call("numpy.matmul", "products", "f8", 2 * 800 * 800 * 100, 800 * 900 * 8, 800 * 100 * 8)
+        short = plan.Decision("local", "test", 2.6e-3, 6.6e-3)
+        _synthetic(rt, 50.0, 1000.0, 1e9)
+        assert [planner.residency_decides(call, short) for _ in range(LOOK_CALLS + 1)] == [True] * LOOK_CALLS + [False]
+        planner.refresh_floors()
+        assert planner.residency_decides(call, short)
+        assert not planner.residency_decides(call, plan.Decision("local", "test", LOOK_MAX_S * 2, 6.6e-3))
+        big = dataclasses.replace(call, bytes_in=LOOK_MAX_BYTES + 1)
+        assert not planner.residency_decides(big, short)
+        hopeless = dataclasses.replace(call, flops=call.flops / 1e3)     # could not win even with them there
+        assert not planner.residency_decides(hopeless, plan.Decision("local", "test", 2.6e-6, 1e-3))
     finally:
         fusion_shim.uninstall()

@@ -45,14 +45,22 @@ FLOORS_AFTER_SAMPLES = 2  # the floors are recomputed after each of an op's firs
 FLOOR_BYTES = 64 * 1024  # the floor until the models have produced one (a background thread does)
 MAX_SEEDED_OPS = 64  # of a worker's self-benchmarked ops, at most this many are read
 HOPELESS_CALLS = 2  # an op's calls that could not win anywhere, even optimistically, before its floor rises past them
+# residency_decides: a call that stays here has its inputs looked at (fingerprinted) for the evidence
+# only where the slow path it would keep paying (0.2-0.3 ms) is at least ~5% of its time, where the
+# look costs no more than about one slow path (xxh3 ~30 GB/s from DRAM: a 32 MB matrix-vector
+# product's inputs took 1.2 ms to hash against its 1.5 ms of work), and for at most LOOK_CALLS calls
+# of an op between refreshes (inputs the program keeps reusing leave it undecided)
+LOOK_MAX_S = 5e-3
+LOOK_MAX_BYTES = 8 << 20
+LOOK_CALLS = 4
 
 
 def _never_raises(method: Callable) -> Callable:
     """Learning runs on the program's thread after its call: a bug here is reported, never raised."""
     @functools.wraps(method)
-    def safe(self: "Planner", *args: Any) -> None:
+    def safe(self: "Planner", *args: Any, **kwargs: Any) -> None:
         try:
-            method(self, *args)
+            method(self, *args, **kwargs)
         except Exception as exc:
             self.on_event(f"planner error in {method.__name__}: {type(exc).__name__}: {exc}")
     return safe
@@ -84,6 +92,7 @@ class Planner:
         self._queue: list[tuple[str, str]] = []
         self._probed: set[tuple[str, str]] = set()  # probed, queued, or read from the cache
         self._hopeless: dict[str, int] = {}  # op -> its calls that could not win anywhere, since the last refresh
+        self._looked: dict[str, int] = {}    # op -> its local calls whose inputs were looked at, since then
         self.raised: dict[str, int] = {}     # op -> the floor the evidence gave it (reported)
         self.raises = 0
         # set while no worker exists yet (the runtime defers an embedded CPU worker): every floor is NEVER
@@ -130,8 +139,10 @@ class Planner:
             return True
 
     @_never_raises
-    def observed_local(self, call: Call, decision: Decision | None, seconds: float) -> None:
-        """A call computed here, timed (NumPy's own time)."""
+    def observed_local(self, call: Call, decision: Decision | None, seconds: float,
+                       inputs_up: int | None = None) -> None:
+        """A call computed here, timed (NumPy's own time). ``inputs_up``: the fewest input bytes it
+        could be priced for on a worker, where residency looked at them (:meth:`residency_decides`)."""
         with self.lock:
             self.intercepted_s += seconds
             if decision is not None and decision.explore and decision.remote_s is not None:
@@ -145,7 +156,7 @@ class Planner:
             self._refresh_floor(call.op, call.family)
         if (decision is not None and decision.where == "local" and not decision.explore
                 and decision.remote_s is not None):
-            self._evidence(call)
+            self._evidence(call, inputs_up)
 
     @_never_raises
     def measured_local(self, call: Call, seconds: float) -> None:
@@ -376,14 +387,40 @@ class Planner:
         self._computed.add(op)
         self._set_floor_bytes(min(self.floor_cells[o][0] for o in list(self._computed)), (op,))
 
-    def _evidence(self, call: Call) -> None:
+    def residency_decides(self, call: Call, decision: Decision) -> bool:
+        """Whether to look at the inputs (fingerprints) of a call that stays here, for the evidence
+        about its op's floor: where they are decides it (the floor's optimistic test passes with them
+        on a worker, and fails sending them all), the call is short enough that the slow path matters
+        and its inputs small enough to hash cheaply (LOOK_MAX_S, LOOK_MAX_BYTES), and the op has not
+        been looked at LOOK_CALLS times since the last refresh."""
+        if (self.policy != "auto" or not self.inputs_may_be_resident or decision.local_s is None
+                or decision.local_s > LOOK_MAX_S or call.bytes_in > LOOK_MAX_BYTES):
+            return False
+        with self.lock:
+            ready = sorted(self.ready)
+            if not ready or self._looked.get(call.op, 0) >= LOOK_CALLS:
+                return False
+        if not could_win(self.profile, ready, call, 0) or could_win(self.profile, ready, call):
+            return False
+        with self.lock:
+            self._looked[call.op] = self._looked.get(call.op, 0) + 1
+        return True
+
+    def _evidence(self, call: Call, inputs_up: int | None = None) -> None:
         """A call decided local: if it could not have won anywhere even optimistically, and it is
-        the op's HOPELESS_CALLS-th such since the last refresh, the op's floor rises past it."""
+        the op's HOPELESS_CALLS-th such since the last refresh, the op's floor rises past it. Its
+        inputs are priced as the runtime found them (``inputs_up``: none for those a worker holds,
+        the smallest share of their upload for those reused here, the rest in full); where it did
+        not look, as the floor has them: possibly all resident. A norm of each step's fresh 3 MB
+        block could win only were that block already on the worker: it never counted, and each of
+        its calls paid the slow path (0.2-0.3 ms beside its 0.4 ms of work)."""
         if self.policy != "auto":
             return
         with self.lock:
             ready = sorted(self.ready)
-        if not ready or could_win(self.profile, ready, call, self.inputs_may_be_resident):
+        if inputs_up is None and self.inputs_may_be_resident:
+            inputs_up = 0
+        if not ready or could_win(self.profile, ready, call, inputs_up):
             return
         with self.lock:
             n = self._hopeless[call.op] = self._hopeless.get(call.op, 0) + 1
@@ -412,6 +449,7 @@ class Planner:
         with self.lock:
             ready = sorted(self.ready)
             self._hopeless.clear()
+            self._looked.clear()
             self.raised.clear()
         if self.held:  # no worker yet: nothing can leave the process
             new = {op: NEVER for op in (self.ops or self.floor_cells)}

@@ -209,13 +209,13 @@ def _could_win(profile: Profile, remotes: Sequence[tuple], op: str, family: str,
     return False
 
 
-def could_win(profile: Profile, workers: Sequence[int], call: Call, inputs_free: bool = False) -> bool:
+def could_win(profile: Profile, workers: Sequence[int], call: Call, up: int | None = None) -> bool:
     """The floor's test applied to one real call: could it win on one of ``workers`` (indices into the
-    profile) with the device Z_FLOOR sigmas faster than predicted, and, with ``inputs_free``, its
-    inputs already there? A call that could not is evidence for raising its op's floor (plan.planner)."""
+    profile) with the device Z_FLOOR sigmas faster than predicted, sending ``up`` of its input bytes
+    (None: all of them)? A call that could not is evidence for raising its op's floor (plan.planner)."""
     remotes = [(profile.workers[i].link, profile.workers[i].device) for i in workers]
     return _could_win(profile, remotes, call.op, call.family, call.dtype, call.flops,
-                      0 if inputs_free else call.bytes_in, call.bytes_out)
+                      call.bytes_in if up is None else up, call.bytes_out)
 
 
 def floors(profile: Profile, workers: Sequence[int] | None, inputs_free: bool = False,

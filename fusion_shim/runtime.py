@@ -1,7 +1,8 @@
 """The client side of one run: the worker link, the decision, the remote call, the record.
 
 The app never waits for a cold worker under ``auto``: the worker is started (or connected) in the
-background and calls run locally until it answers ``ready``. Under ``remote`` the first call waits
+background and calls run locally until it answers ``ready``, at the cost of one size comparison each
+(every floor is NEVER until then, plan.Planner.held). Under ``remote`` the first call waits
 for readiness, up to ``ready_timeout``, and that wait is its own phase (``wait_ready``) in the report.
 Any fault (no reply by the deadline, a dead worker, an error reply, a malformed reply) is recorded
 and the call is computed locally: a fault costs time, never an exception or a wrong answer.
@@ -563,13 +564,10 @@ class Runtime:
                                     ops={s.name: s.family for s in (*CATALOG, *OPERATORS)})
         self.planner.inputs_may_be_resident = config.residency
         self.planner.on_floors = self._publish_floor
-        # an embedded CPU worker is deferred (see the module's docstring); decided before the
-        # interceptor reads the floors, which stay NEVER until it starts
+        # an embedded CPU worker is deferred (see the module's docstring); under auto every floor
+        # stays NEVER until a worker is ready (Planner.held), so until it has started and warmed
         self.deferred = (config.policy == "auto" and self._urls == [None] and config.device == "auto"
                          and not gpu_visible())
-        if self.deferred:
-            self.planner.held = True
-            self.planner.refresh_floors()
         self.links: list[WorkerLink] = []
         self._inflight_lock = threading.Lock()
         self.fast_calls: dict[str, list] = {}  # op name -> its C fast paths (intercept), which hold its floor
@@ -610,8 +608,7 @@ class Runtime:
                 self.link.tmpdir = tempfile.mkdtemp(prefix="fusion-shim-")
                 os.environ["FUSION_SHIM_WORKER"] = self.link.url = f"ipc://{self.link.tmpdir}/worker-0.sock"
             return
-        self._background(self.planner.refresh_floors, "fusion-shim-floors")  # from priors until one is ready
-        for link in self.links:
+        for link in self.links:  # the floors stay NEVER until one is ready (Planner.held)
             link.start()
         if self.export_env and self.link.embedded:
             os.environ["FUSION_SHIM_WORKER"] = self.link.url
@@ -625,9 +622,7 @@ class Runtime:
                 or os.getpid() != link.owner):
             return
         self.deferred = False
-        self.planner.held = False
         self.ledger.event(f"the program has run {CPU_WORKER_AFTER_S:g} s: starting the embedded worker on this host's CPUs")
-        self._background(self.planner.refresh_floors, "fusion-shim-floors")
         link.start()
 
     # -- what the interceptor and the planner read (issue 5) ----------------------------------------

@@ -42,7 +42,7 @@ EXPLORE_FRACTION = 0.02
 OWN_SAMPLES_ENOUGH = 2   # a (family, dtype) with this many measured calls of its own is not probed
 PROBE_DEFER_S = 0.5      # a probe waits this long first: the program's own calls may measure it meanwhile
 FLOORS_AFTER_SAMPLES = 2  # the floors are recomputed after each of an op's first local measurements
-FLOOR_BYTES = 64 * 1024  # the floor until the models have produced one (a background thread does)
+FLOOR_BYTES = 64 * 1024  # the floor where no model makes one (policy local: larger calls are recorded)
 MAX_SEEDED_OPS = 64  # of a worker's self-benchmarked ops, at most this many are read
 HOPELESS_CALLS = 2  # an op's calls that could not win anywhere, even optimistically, before its floor rises past them
 # residency_decides: a call that stays here has its inputs looked at (fingerprinted) for the evidence
@@ -95,12 +95,16 @@ class Planner:
         self._looked: dict[str, int] = {}    # op -> its local calls whose inputs were looked at, since then
         self.raised: dict[str, int] = {}     # op -> the floor the evidence gave it (reported)
         self.raises = 0
-        # set while no worker exists yet (the runtime defers an embedded CPU worker): every floor is NEVER
-        self.held = False
+        # set under auto until a worker is first ready (the runtime also holds it while it defers an
+        # embedded CPU worker): every floor is NEVER, so that nothing reaches the slow path while
+        # nothing can leave the process. A CPU worker forced at install warms longer than a short
+        # program runs; the calls that took the slow path meanwhile only to be computed here cost
+        # 4-7% of such a program (2-core development machine, paired runs)
+        self.held = policy == "auto"
         self._computed: set[str] = set()  # ops whose floor the models have produced (floor_bytes: their minimum)
         self._calibrating = False
         # one cell per op, read by the interceptor's fast path without a lock: [floor in bytes]
-        start = 0 if policy == "remote" else FLOOR_BYTES
+        start = 0 if policy == "remote" else NEVER if self.held else FLOOR_BYTES
         self.floor_cells: dict[str, list[int]] = defaultdict(lambda: [start])
         self.floor_bytes = start
         # set by the runtime once residency (issue 6) can keep inputs on a worker: the floors then
@@ -248,6 +252,7 @@ class Planner:
                             model.device.set_curve(family, "f8", [(1e8, 1e8 / (rate * 1e9))])
                             model.benchmarked = True
             self.ready.add(worker)
+            self.held = False
         failed = bench.get("ops_failed") if isinstance(bench, dict) else None
         if isinstance(failed, dict) and failed:  # said outside the lock, as every event
             self.on_event(f"worker {worker}'s self-benchmark could not time "
@@ -385,7 +390,7 @@ class Planner:
         value = floors(self.profile, ready, inputs_free=self.inputs_may_be_resident, ops={op: family})[op]
         self.floor_cells[op][0] = max(value, self.raised.get(op, 0))
         self._computed.add(op)
-        self._set_floor_bytes(min(self.floor_cells[o][0] for o in list(self._computed)), (op,))
+        self._set_floor_bytes(min((self.floor_cells[o][0] for o in list(self._computed)), default=NEVER), (op,))
 
     def residency_decides(self, call: Call, decision: Decision) -> bool:
         """Whether to look at the inputs (fingerprints) of a call that stays here, for the evidence
@@ -431,7 +436,7 @@ class Planner:
             cell[0] = self.raised[call.op] = call.bytes_in + 1
             self.raises += 1
             self._computed.add(call.op)
-            low = min(self.floor_cells[o][0] for o in list(self._computed))
+            low = min((self.floor_cells[o][0] for o in list(self._computed)), default=NEVER)
         self._set_floor_bytes(low, (call.op,))
         if first:
             self.on_event(f"floor of {call.op} raised to {_size(call.bytes_in + 1)}: {n} of its calls could not "
@@ -451,14 +456,14 @@ class Planner:
             self._hopeless.clear()
             self._looked.clear()
             self.raised.clear()
-        if self.held:  # no worker yet: nothing can leave the process
+        if self.held:  # no worker ready yet: nothing can leave the process
             new = {op: NEVER for op in (self.ops or self.floor_cells)}
         else:
             new = floors(self.profile, ready or None, inputs_free=self.inputs_may_be_resident, ops=self.ops)
         for op, value in new.items():
             self.floor_cells[op][0] = value
         self._computed.update(new)
-        self._set_floor_bytes(min(self.floor_cells[o][0] for o in list(self._computed)), tuple(new))
+        self._set_floor_bytes(min((self.floor_cells[o][0] for o in list(self._computed)), default=NEVER), tuple(new))
 
     def describe_floors(self) -> str:
         parts = []

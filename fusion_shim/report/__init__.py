@@ -189,6 +189,11 @@ def format_table(report: dict[str, Any]) -> str:
     if not ops:
         lines.append("  no intercepted calls")
         return "\n".join(lines)
+    if report["policy"] == "auto" and w is not None and any(o.get("below_floor") for o in ops.values()):
+        # issue 5: every floor is NEVER until a worker is first ready (plan.Planner.held)
+        before = (f"in the first {w['ready_after_s']:.2f}s, before the worker was ready,"
+                  if w.get("ready_after_s") is not None else "with no worker ready,")
+        lines.append(f"  calls {before} ran here at one comparison each (counted under <floor)")
     sm = report.get("summary") or summarize(report)
     phases = [p for p in PHASES if any(o["phases"].get(p) for o in ops.values())]
     checks = any(o.get("verified") for o in ops.values())

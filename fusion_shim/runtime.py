@@ -42,7 +42,7 @@ import threading
 import time
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -128,6 +128,14 @@ class WorkerFault(transport.TransportError):
 
 class VerificationError(FallbackError):
     """Strict mode: a checked answer from the worker differed from NumPy's."""
+
+
+class Planned(NamedTuple):
+    """What the planner decided for one call, kept on its record (``rec.plan``, not a field: the
+    record's fields are what the report serialises) until the call is timed and learnt from."""
+    call: plan.Call
+    decision: plan.Decision
+    inputs_up: int | None = None  # the fewest input bytes a worker could be priced for, where looked at
 
 
 @dataclass
@@ -759,7 +767,7 @@ class Runtime:
                 rec.phases["link_probe"] = time.perf_counter() - t
                 decision = self.planner.decide(call, self._states(spec, *(
                     zip(*to_send) if wired is not None else ([None] * len(self.links),))))
-        rec.plan = (call, decision, inputs_up)
+        rec.plan = Planned(call, decision, inputs_up)
         rec.reason = decision.reason
         rec.predicted_local_s, rec.predicted_remote_s = decision.local_s, decision.remote_s
         if decision.where == "local":
@@ -796,7 +804,7 @@ class Runtime:
             rec.kind = "local"
             rec.reason = (f"exploration abandoned after {waited * 1e3:.3g} ms (predicted {(predicted or 0) * 1e3:.3g} "
                           f"ms there, {(decision.local_s or 0) * 1e3:.3g} ms here): computed here")
-            rec.plan = (call, plan.Decision("local", rec.reason, decision.local_s, decision.remote_s), None)
+            rec.plan = Planned(call, plan.Decision("local", rec.reason, decision.local_s, decision.remote_s))
             if self.planner.explorations_abandoned == 1:
                 self.ledger.event(f"an exploration of {call.op} on {link.url} was abandoned after "
                                   f"{waited * 1e3:.3g} ms and computed here (explorations' cost is bounded "
@@ -892,9 +900,9 @@ class Runtime:
         problem = compare(rec.op, done.prep.out if done.prep.out is not None else done.value, want, done.prep.arrays)
         rec.phases["verify"] = time.perf_counter() - t
         rec.local_measured_s = numpy_s
-        planned = getattr(rec, "plan", None)
+        planned: Planned | None = getattr(rec, "plan", None)
         if planned is not None:  # a check is also a measurement of the local side
-            self.planner.measured_local(planned[0], numpy_s)
+            self.planner.measured_local(planned.call, numpy_s)
         if problem is None:
             rec.verify = "ok"
             self.ledger.add(rec)
@@ -1036,9 +1044,9 @@ class Runtime:
         rec.phases["local"] = seconds
         rec.wall_s = time.perf_counter() - self.ledger.started - rec.start_s
         rec.raised = None if exc is None else type(exc).__name__
-        planned = getattr(rec, "plan", None)
+        planned: Planned | None = getattr(rec, "plan", None)
         if planned is not None and exc is None:
-            self.planner.observed_local(planned[0], planned[1], seconds, planned[2])
+            self.planner.observed_local(planned.call, planned.decision, seconds, planned.inputs_up)
         self.ledger.add(rec)
         if self.config.strict and exc is None and rec.kind in ("unsupported", "fallback"):
             raise FallbackError(f"{rec.op} at {rec.site} ran locally: {rec.kind}: {rec.reason}")

@@ -15,5 +15,5 @@ def run(data):
     a, x = data["a"], data["x"]
     for _ in range(16):
         x = np.matmul(a, x)
-        x /= np.linalg.norm(x, axis=0)  # not intercepted: element-wise work stays here
+        x /= np.linalg.norm(x, axis=0)  # intercepted, but too little work to move: its floor rises past it
     return float(x[0].sum())

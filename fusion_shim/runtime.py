@@ -572,6 +572,7 @@ class Runtime:
                                     ops={s.name: s.family for s in (*CATALOG, *OPERATORS)})
         self.planner.inputs_may_be_resident = config.residency
         self.planner.on_floors = self._publish_floor
+        self.planner.worker_busy = lambda: any(link.inflight and link.cpus_shared for link in self.links)
         # an embedded CPU worker is deferred (see the module's docstring); under auto every floor
         # stays NEVER until a worker is ready (Planner.held), so until it has started and warmed
         self.deferred = (config.policy == "auto" and self._urls == [None] and config.device == "auto"

@@ -54,7 +54,7 @@ def test_cache_is_per_build_and_goes_stale(tmp_path):
 def test_calibration_runs_in_the_background_where_it_can_change_a_decision_and_is_cached(tmp_path, monkeypatch):
     probes = []
     real_probe = calibrate.probe
-    monkeypatch.setattr(calibrate, "probe", lambda f, d: probes.append((f, d)) or real_probe(f, d))
+    monkeypatch.setattr(calibrate, "probe", lambda f, d, others=None: probes.append((f, d)) or real_probe(f, d, others))
     key = calibrate.build_key()
     threads = []
 
@@ -154,7 +154,7 @@ def test_a_timed_run_counts_only_when_the_probe_had_the_cpu_and_the_program_was_
 def test_a_contended_probe_is_neither_cached_nor_used(tmp_path, monkeypatch):
     """A probe that shared the CPUs with something else measured that, not this machine: the planner
     says so and keeps what it had; the cache stays empty, so the next run measures again."""
-    def contended(family, dtype):
+    def contended(family, dtype, others=None):
         raise calibrate.Contended(f"{family} {dtype} at n=192", 0.48)
 
     monkeypatch.setattr(calibrate, "probe", contended)
@@ -171,6 +171,23 @@ def test_a_contended_probe_is_neither_cached_nor_used(tmp_path, monkeypatch):
     monkeypatch.undo()
     points = calibrate.probe("fft", "f8")
     assert len(points) == 3 and all(s > 0 for _, s in points)
+
+
+def test_no_probe_while_a_same_host_worker_computes_a_call_of_ours(tmp_path, monkeypatch):
+    """The program waits, idle, for a worker computing on this machine's CPUs: not a quiet moment.
+    A probe then would take those CPUs from the worker's kernel (a client held to one core, probing
+    beside a worker's solve, made it take 426 ms instead of 29)."""
+    monkeypatch.setattr(calibrate, "others_busy", lambda window=0: 0.0)  # this process: idle
+    monkeypatch.setattr(calibrate, "CONTENDED_PAUSE_S", 0.001)
+    events = []
+    planner = Planner("auto", 1, cache=None, background=lambda fn, name: fn(), on_event=events.append)
+    planner.worker_busy = lambda: True
+    planner.calibrate_now([("fft", "f8")])
+    assert ("fft", "f8") not in planner.profile.local.curves
+    assert any("fft f8 not calibrated" in e and "on a worker sharing these CPUs" in e for e in events), events
+    planner.worker_busy = lambda: False  # the call answered: the probe runs
+    planner.calibrate_now([("fft", "f8")])
+    assert ("fft", "f8") in planner.profile.local.curves
 
 
 # -- the runtime --------------------------------------------------------------------------------------

@@ -131,15 +131,15 @@ class Contended(RuntimeError):
     """No clean timed run of a probe point: the CPUs were busy with something else throughout."""
 
     def __init__(self, what: str, share: float | None):
-        why = ("the program was computing throughout" if share is None else
+        why = ("the program was computing throughout, here or on a worker sharing these CPUs" if share is None else
                f"another process was using the CPUs: the probing thread got at most {share:.0%} of its wall time")
         super().__init__(f"{what}: no clean timed run in {ATTEMPTS} tries ({why})")
         self.share = share
 
 
-def probe(family: str, dtype: str) -> list[tuple[float, float]]:
+def probe(family: str, dtype: str, others: Callable[[], float] | None = None) -> list[tuple[float, float]]:
     """(flops, seconds) at a few sizes for the family's representative op in ``dtype``; raises
-    :class:`Contended` when a size never got a clean timed run."""
+    :class:`Contended` when a size never got a clean timed run. ``others``: as :func:`best_time`'s."""
     dt = np.dtype(dtype)
     rng = np.random.default_rng(0)
     cf = 4 if dt.kind == "c" else 1
@@ -157,7 +157,7 @@ def probe(family: str, dtype: str) -> list[tuple[float, float]]:
             f = np.fft.fft if dt.kind == "c" else np.fft.rfft
             fn, flops = (lambda: f(x)), 5.0 * n * math.log2(n) / (1 if dt.kind == "c" else 2)
         try:
-            points.append((flops, best_time(fn)))
+            points.append((flops, best_time(fn, others=others)))
         except Contended as exc:
             raise Contended(f"{family} {dtype} at n={n}", exc.share) from None
     return points

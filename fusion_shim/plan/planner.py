@@ -110,6 +110,10 @@ class Planner:
         # set by the runtime once residency (issue 6) can keep inputs on a worker: the floors then
         # assume inputs may already be there, so only the result's way back is certain
         self.inputs_may_be_resident = False
+        # set by the runtime: whether a worker computing on this machine's CPUs has a call of ours
+        # in flight. The program then waits, idle, and a calibration probe would take the CPUs from
+        # the worker's kernel (held to one core, a client's probe made a worker's 29 ms solve take 426)
+        self.worker_busy: Callable[[], bool] = lambda: False
         # called after each refresh with the smallest floor and the ops refreshed: the C fast path
         # holds the smallest, and each op's own (issue 3)
         self.on_floors: Callable[[int, Any], None] | None = None
@@ -349,7 +353,7 @@ class Planner:
                     self.on_event(f"local {family} {dtype}: learnt from {own} of the program's own calls, no probe")
                     continue
                 try:
-                    points = calibrate.probe(family, dtype)
+                    points = calibrate.probe(family, dtype, self._others_busy)
                 except calibrate.Contended as exc:  # nothing cached: the program's own calls teach it
                     self.on_event(f"local {family} {dtype} not calibrated: {exc}; it learns from the "
                                   "program's own calls")
@@ -441,6 +445,11 @@ class Planner:
         if first:
             self.on_event(f"floor of {call.op} raised to {_size(call.bytes_in + 1)}: {n} of its calls could not "
                           "have won on any worker, even at its most optimistic")
+
+    def _others_busy(self) -> float:
+        """For a calibration probe: CPUs' worth of other work of this program, a call computing on a
+        same-host worker counted as a whole busy CPU (calibrate.best_time never times beside it)."""
+        return 1.0 + calibrate.BUSY_SHARE if self.worker_busy() else calibrate.others_busy()
 
     def _set_floor_bytes(self, low: int, ops: Any) -> None:
         self.floor_bytes = low

@@ -351,6 +351,13 @@ def test_report_json_and_render(tmp_path):
     assert rendered.returncode == 0, rendered.stderr
     assert "fusion_shim report" in rendered.stdout and "matmul" in rendered.stdout
     assert "never ready" in rendered.stdout and "with no worker ready, ran here at one comparison" in rendered.stdout
+    # a recorded call is attributed to the script's own line (under remote, the worker that never
+    # answers is waited for and the call falls back here, recorded)
+    r = run(["-m", "fusion_shim", "--policy", "remote", "--worker", "ipc:///nonexistent-fusion-shim.sock",
+             "--ready-timeout", "1", "--quiet", "--report", str(out), str(prog), "x"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(out.read_text())
+    assert rep["records"][0]["op"] == "numpy.matmul" and rep["records"][0]["site"].endswith("mm.py:3")
     # a file that is not a report is refused, with a message
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema": "other"}')

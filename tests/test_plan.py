@@ -371,6 +371,61 @@ def test_calls_that_cannot_win_raise_their_ops_floor_until_the_models_change():
     assert cell[0] == model_floor and planner.raised == {}
 
 
+def test_an_ops_floor_rises_only_as_far_as_every_dtype_it_came_in_has_shown_hopeless():
+    """The floor is one number per op. Float64 products that could not win must not raise it past
+    float32 ones that pay there (on a slow client, two hopeless float64 matmuls raised @'s floor to
+    37.7 MB and hid the 33.5 MB float32 ones the worker ran faster). Once the float32 calls are
+    hopeless too, it rises past the smaller of the two."""
+    from fusion_shim.plan import planner as planner_mod
+
+    planner = Planner("auto", 1, profile=profile(local=100, worker=100, rtt=1e-3, bw=1e9))
+    planner.worker_ready(0, None, 1e-3, 1e9, 1e9)
+    device = planner.profile.workers[0].device
+    cell = planner.floor_cells["numpy.matmul"]
+    model_floor = cell[0]
+    f8, f4 = matmul(1536), matmul(2048, "f4", 4)  # 37.7 MB and 33.5 MB of inputs, as in that run
+    assert model_floor < f4.bytes_in < f8.bytes_in
+    planner.profile.local.set_curve("products", "f4", [(1e9, 1e9 / 100e9)])
+    device.set_curve("products", "f4", [(1e9, 1e9 / 5000e9)])  # float32 50x faster there
+    assert planner.decide(f4, READY).where == "worker"
+    for _ in range(planner_mod.HOPELESS_CALLS + 1):
+        d = planner.decide(f8, READY)
+        assert d.where == "local" and not d.explore
+        planner.observed_local(f8, d, f8.flops / 100e9)
+    assert cell[0] < f4.bytes_in and planner.raised == {}  # (the models' floor moved with the curves)
+    # the float32 products turn out slower there too: now the op rises past both
+    device.set_curve("products", "f4", [(1e9, 1e9 / 50e9)])
+    for _ in range(planner_mod.HOPELESS_CALLS):
+        d = planner.decide(f4, READY)
+        assert d.where == "local" and not d.explore
+        planner.observed_local(f4, d, f4.flops / 100e9)
+    assert cell[0] == f4.bytes_in + 1 and planner.raised == {"numpy.matmul": f4.bytes_in + 1}
+
+
+def test_an_ops_first_measurements_here_move_its_floor_as_a_full_refresh_would(monkeypatch):
+    """After each of an op's first measurements here its floor is recomputed inline, for the dtype
+    measured alone (the others' bounds are kept): the same floor a refresh of every dtype gives."""
+    from fusion_shim.plan import planner as planner_mod
+    from fusion_shim.plan import policy
+
+    planner = Planner("auto", 1, profile=profile(local=100, worker=300, rtt=3e-4, bw=2e9))
+    planner.worker_ready(0, None, 3e-4, 2e9, 2e9)
+    asked = []
+    monkeypatch.setattr(planner_mod, "floors_by_dtype",
+                        lambda *a, **k: asked.append(k.get("dtypes")) or policy.floors_by_dtype(*a, **k))
+    for op, family in {"numpy.matmul": "products", "numpy.linalg.svd": "linalg", "numpy.fft.fft": "fft"}.items():
+        start = planner.floor_cells[op][0]
+        # complex products far slower here than the models say, float64 far faster, an integer one
+        for dtype, seconds in (("c16", 9.0), ("f8", 1e-4), ("c16", 8.0), ("i8", 1.0)):
+            call = Call(op, family, dtype, 2.0 * 512**3, 8 * 512 * 512, 8 * 512 * 512)
+            planner.observed_local(call, None, seconds)
+            whole = policy.floors_by_dtype(planner.profile, [0], ops={op: family})[op]
+            assert planner.floor_cells[op][0] == min(whole.values())
+        assert planner.floor_cells[op][0] != start  # the measurements moved it
+    # one dtype at a time; nothing for a dtype no floor is made for (i8)
+    assert asked == [("c16",), ("f8",), ("c16",)] * 3
+
+
 def test_no_exploration_against_a_local_prior():
     """Explorations are charged against the local prediction: against a mere prior (which read
     decompositions 3.5x slow here) they look free. The call runs here first and measures it."""

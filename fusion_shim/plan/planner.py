@@ -21,7 +21,8 @@ device is priced 1.5 sigma optimistic). Every call above its floor takes the slo
 BLAS call has emptied the caches costs 0.2-0.3 ms (40 us warm): 3% of a 10 ms matmul, on each call.
 So when ``HOPELESS_CALLS`` of an op's calls could not have won on any ready worker under the floor's
 own optimistic test (inputs free where residency may keep them, the device Z_FLOOR sigmas fast), the
-op's floor rises just past the largest of them; calls of that size then cost one comparison. Any
+op's floor rises just past the largest of them (as far as every dtype the op's calls came in has
+shown: the floor is one number per op); calls of that size then cost one comparison. Any
 refresh from the models (a worker ready or back, a link measured, a calibration, a worker's first
 measurements of an op) drops these raises and evidence is gathered again. The price: a call of the
 op with fewer input bytes but more work than the hopeless ones (a denser shape) stays local unseen.
@@ -36,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 from . import calibrate
 from .model import FAMILIES, Profile
-from .policy import NEVER, Call, Decision, WorkerState, could_win, decide, family_of, floors
+from .policy import FLOOR_DTYPES, NEVER, Call, Decision, WorkerState, could_win, decide, family_of, floors_by_dtype
 
 EXPLORE_FRACTION = 0.02
 OWN_SAMPLES_ENOUGH = 2   # a (family, dtype) with this many measured calls of its own is not probed
@@ -91,7 +92,10 @@ class Planner:
         self._wanted: set[tuple[str, str]] = set()
         self._queue: list[tuple[str, str]] = []
         self._probed: set[tuple[str, str]] = set()  # probed, queued, or read from the cache
-        self._hopeless: dict[str, int] = {}  # op -> its calls that could not win anywhere, since the last refresh
+        # (op, dtype) -> its calls that could not win anywhere, since the last refresh
+        self._hopeless: dict[tuple[str, str], int] = {}
+        self._hopeless_past: dict[str, dict[str, int]] = {}  # op -> dtype -> past its hopeless calls, since then
+        self._dtypes: dict[str, set[str]] = defaultdict(set)  # op -> the dtypes its calls decided here came in
         self._looked: dict[str, int] = {}    # op -> its local calls whose inputs were looked at, since then
         self.raised: dict[str, int] = {}     # op -> the floor the evidence gave it (reported)
         self.raises = 0
@@ -102,6 +106,7 @@ class Planner:
         # 4-7% of such a program (2-core development machine, paired runs)
         self.held = policy == "auto"
         self._computed: set[str] = set()  # ops whose floor the models have produced (floor_bytes: their minimum)
+        self._model_floors: dict[str, dict[str, int]] = {}  # op -> dtype -> the models' floor (the op's: the least)
         self._calibrating = False
         # one cell per op, read by the interceptor's fast path without a lock: [floor in bytes]
         start = 0 if policy == "remote" else NEVER if self.held else FLOOR_BYTES
@@ -124,6 +129,7 @@ class Planner:
             key = (call.family, call.dtype)
             if key not in self._wanted and self.policy != "local":
                 self._want(key)
+            self._dtypes[call.op].add(call.dtype)
             budget = self.explore_fraction * self.intercepted_s - self.explore_spent_s
             d = decide(self.policy, call, self.profile, workers, budget, self.min_flops)
             if (d.where == "local" and d.remote_s is not None and d.local_s is not None
@@ -161,7 +167,7 @@ class Planner:
         if msg:
             self._reset(msg, call.family, call.dtype, local=True)
         if first:  # the first measurements of an op here can move its floor a long way
-            self._refresh_floor(call.op, call.family)
+            self._refresh_floor(call.op, call.family, call.dtype)
         if (decision is not None and decision.where == "local" and not decision.explore
                 and decision.remote_s is not None):
             self._evidence(call, inputs_up)
@@ -380,19 +386,23 @@ class Planner:
             self.cache.drop(family, dtype)  # the cached curve may be what is wrong: measure next run
 
     # -- the floors ---------------------------------------------------------------------------------
-    def _refresh_floor(self, op: str, family: str) -> None:
-        """One op's floor, after one of its first measurements here: about 0.1 ms of arithmetic,
-        done inline (a thread per refresh cost a short program more: starting one waits for the
-        GIL while BLAS holds both cores). Nothing before a worker is ready: its readiness
-        refreshes every floor."""
-        if self.policy != "auto" or self.held:
-            return
+    def _refresh_floor(self, op: str, family: str, dtype: str) -> None:
+        """One op's floor, after one of its first measurements here, in ``dtype``: that dtype's bound
+        alone is recomputed (about 0.05 ms of arithmetic; the four of them cost 0.15-0.3 ms, ten
+        times in a short program), done inline (a thread per refresh cost a short program more:
+        starting one waits for the GIL while BLAS holds both cores). Nothing before a worker is
+        ready: its readiness refreshes every floor."""
+        if self.policy != "auto" or self.held or dtype not in FLOOR_DTYPES:
+            return  # (a floor is the least over FLOOR_DTYPES: another dtype's measurement moves none)
         with self.lock:
             ready = sorted(self.ready)
         if not ready:
             return
-        value = floors(self.profile, ready, inputs_free=self.inputs_may_be_resident, ops={op: family})[op]
-        self.floor_cells[op][0] = max(value, self.raised.get(op, 0))
+        known = self._model_floors.get(op)
+        fresh = floors_by_dtype(self.profile, ready, inputs_free=self.inputs_may_be_resident, ops={op: family},
+                                dtypes=None if known is None else (dtype,))[op]
+        by = self._model_floors[op] = fresh if known is None else {**known, **fresh}
+        self.floor_cells[op][0] = max(min(by.values(), default=NEVER), self.raised.get(op, 0))
         self._computed.add(op)
         self._set_floor_bytes(min((self.floor_cells[o][0] for o in list(self._computed)), default=NEVER), (op,))
 
@@ -432,18 +442,26 @@ class Planner:
         if not ready or could_win(self.profile, ready, call, inputs_up):
             return
         with self.lock:
-            n = self._hopeless[call.op] = self._hopeless.get(call.op, 0) + 1
+            key = (call.op, call.dtype)
+            n = self._hopeless[key] = self._hopeless.get(key, 0) + 1
             cell = self.floor_cells[call.op]
             if n < HOPELESS_CALLS or cell[0] > call.bytes_in:
                 return
+            past = self._hopeless_past.setdefault(call.op, {})
+            past[call.dtype] = max(past.get(call.dtype, 0), call.bytes_in + 1)
+            # one floor per op: it rises only as far as every dtype the op came in has shown hopeless
+            # (a slow-client run's float64 products raised @'s past its float32 ones, which paid there)
+            value = min(past.get(dtype, 0) for dtype in self._dtypes[call.op] | {call.dtype})
+            if value <= cell[0]:
+                return
             first = call.op not in self.raised
-            cell[0] = self.raised[call.op] = call.bytes_in + 1
+            cell[0] = self.raised[call.op] = value
             self.raises += 1
             self._computed.add(call.op)
             low = min((self.floor_cells[o][0] for o in list(self._computed)), default=NEVER)
         self._set_floor_bytes(low, (call.op,))
         if first:
-            self.on_event(f"floor of {call.op} raised to {_size(call.bytes_in + 1)}: {n} of its calls could not "
+            self.on_event(f"floor of {call.op} raised to {_size(value)}: {n} of its {call.dtype} calls could not "
                           "have won on any worker, even at its most optimistic")
 
     def _others_busy(self) -> float:
@@ -463,12 +481,16 @@ class Planner:
         with self.lock:
             ready = sorted(self.ready)
             self._hopeless.clear()
+            self._hopeless_past.clear()
             self._looked.clear()
             self.raised.clear()
         if self.held:  # no worker ready yet: nothing can leave the process
+            self._model_floors.clear()
             new = {op: NEVER for op in (self.ops or self.floor_cells)}
         else:
-            new = floors(self.profile, ready or None, inputs_free=self.inputs_may_be_resident, ops=self.ops)
+            by = floors_by_dtype(self.profile, ready or None, inputs_free=self.inputs_may_be_resident, ops=self.ops)
+            self._model_floors.update(by)
+            new = {op: min(d.values(), default=NEVER) for op, d in by.items()}
         for op, value in new.items():
             self.floor_cells[op][0] = value
         self._computed.update(new)

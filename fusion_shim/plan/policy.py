@@ -226,6 +226,15 @@ def floors(profile: Profile, workers: Sequence[int] | None, inputs_free: bool = 
     ``workers`` None (none ready yet) the link is the prior one and the worker's device infinitely
     fast: the smallest work that could win anywhere plausible. ``inputs_free``: inputs may already
     be resident on a worker (issue 6), so they are not priced; the result's way back still is."""
+    return {op: min(by.values(), default=NEVER)
+            for op, by in floors_by_dtype(profile, workers, inputs_free, ops).items()}
+
+
+def floors_by_dtype(profile: Profile, workers: Sequence[int] | None, inputs_free: bool = False,
+                    ops: dict[str, str] | None = None,
+                    dtypes: Sequence[str] | None = None) -> dict[str, dict[str, int]]:
+    """:func:`floors` for each dtype of FLOOR_DTYPES (``dtypes``: only those) apart: an op's first
+    measurements in one dtype move that dtype's floor alone (the planner recomputes only it)."""
     from .model import LinkModel
 
     remotes = [(profile.workers[i].link, profile.workers[i].device) for i in workers] if workers else []
@@ -240,19 +249,20 @@ def floors(profile: Profile, workers: Sequence[int] | None, inputs_free: bool = 
     from .model import REPRESENTATIVE
 
     models = [profile.local] + [d for _, d in remotes if d is not None]
-    out: dict[str, int] = {}
-    same: dict[tuple, int] = {}  # ops that would compute alike share one result (most have no samples yet)
+    wanted = {d: FLOOR_DTYPES[d] for d in dtypes if d in FLOOR_DTYPES} if dtypes is not None else FLOOR_DTYPES
+    out: dict[str, dict[str, int]] = {}
+    same: dict[tuple, dict[str, int]] = {}  # ops that would compute alike share one result (most have no samples yet)
     for op, family in (ops or {op: family_of(op) for op in FLOOR_SHAPES}).items():
         shape = FLOOR_SHAPES.get(op) or FAMILY_SHAPES[family]
-        measured = any(m.buckets.get((op, d)) or (op, d) in m.op_curves for m in models for d in FLOOR_DTYPES)
+        measured = any(m.buckets.get((op, d)) or (op, d) in m.op_curves for m in models for d in wanted)
         key = (id(shape), family, REPRESENTATIVE.get(op) == family, op.endswith((".rfft", ".irfft")),
                op if measured else None)
         if key in same:
-            out[op] = same[key]
+            out[op] = dict(same[key])
             continue
         n_in = shape[0]
-        best = NEVER
-        for dtype, size in FLOOR_DTYPES.items():
+        by: dict[str, int] = {}
+        for dtype, size in wanted.items():
             if dtype == "f4" and family == "fft" and not op.endswith((".rfft", ".irfft")):
                 continue
             cf = 4 if dtype[0] == "c" and family != "fft" else 1
@@ -260,6 +270,7 @@ def floors(profile: Profile, workers: Sequence[int] | None, inputs_free: bool = 
             # per byte for the dense ops; a fixed round trip amortised for all of them)
             lo, hi = 2.0, 15.6
             if not could_win(op, family, dtype, size, cf, 2 ** hi):
+                by[dtype] = NEVER
                 continue
             for _ in range(10):
                 mid = (lo + hi) / 2
@@ -267,6 +278,6 @@ def floors(profile: Profile, workers: Sequence[int] | None, inputs_free: bool = 
                     hi = mid
                 else:
                     lo = mid
-            best = min(best, int(n_in(2 ** hi) * size))
-        out[op] = same[key] = best
+            by[dtype] = int(n_in(2 ** hi) * size)
+        out[op] = same[key] = by
     return out

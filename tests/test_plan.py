@@ -298,6 +298,31 @@ def test_floors_follow_the_models():
     assert fast["numpy.linalg.svd"] < fast["numpy.matmul"]
 
 
+def test_ops_computed_together_get_the_floors_each_gets_alone():
+    """floors_by_dtype computes ops that would compute alike in a dtype once; an op with measurements
+    of its own in one dtype (a decomposition the worker timed in float64, a call measured here) is
+    computed apart in that dtype and shares the others."""
+    from fusion_shim.catalog import CATALOG
+    from fusion_shim.plan.policy import floors_by_dtype
+
+    p = profile(local=100, worker=300, rtt=3e-4, bw=2e9)
+    p.workers[0].device.set_op_curve("numpy.linalg.svd", "f8", [(1e8, 1e-3)])  # 100 GFLOP/s there
+    p.local.observe("numpy.linalg.qr", "linalg", "c16", 1e9, 1.0)                 # 1 GFLOP/s here
+    p.local.observe("numpy.matmul", "products", "f4", 1e9, 1e-4)                  # 10 TFLOP/s here
+    ops = {s.name: s.family for s in CATALOG}
+    together = floors_by_dtype(p, [0], ops=ops)
+    assert together == {op: floors_by_dtype(p, [0], ops={op: family})[op] for op, family in ops.items()}
+    # the measured dtypes moved their op's floor away from the ops it otherwise computes with
+    assert together["numpy.linalg.svd"]["f8"] != together["numpy.linalg.svdvals"]["f8"]
+    assert together["numpy.linalg.svd"]["c16"] == together["numpy.linalg.svdvals"]["c16"]
+    assert together["numpy.matmul"]["f4"] != together["numpy.dot"]["f4"]
+    assert together["numpy.matmul"]["f8"] == together["numpy.dot"]["f8"]
+    unmeasured = floors_by_dtype(profile(local=100, worker=300, rtt=3e-4, bw=2e9), [0],
+                                 ops={"numpy.linalg.qr": "linalg"})
+    assert together["numpy.linalg.qr"]["c16"] != unmeasured["numpy.linalg.qr"]["c16"]
+    assert together["numpy.linalg.qr"]["f8"] == unmeasured["numpy.linalg.qr"]["f8"]
+
+
 def test_planner_publishes_floors_per_op():
     planner = Planner("auto", 1, profile=profile(local=100, worker=10_000, rtt=50e-6, bw=20e9))
     cell = planner.floor_cells["numpy.matmul"]
@@ -415,7 +440,7 @@ def test_an_ops_first_measurements_here_move_its_floor_as_a_full_refresh_would(m
                         lambda *a, **k: asked.append(k.get("dtypes")) or policy.floors_by_dtype(*a, **k))
     for op, family in {"numpy.matmul": "products", "numpy.linalg.svd": "linalg", "numpy.fft.fft": "fft"}.items():
         start = planner.floor_cells[op][0]
-        # complex products far slower here than the models say, float64 far faster, an integer one
+        # complex calls far slower here than the models say, float64 ones far faster, an integer one
         for dtype, seconds in (("c16", 9.0), ("f8", 1e-4), ("c16", 8.0), ("i8", 1.0)):
             call = Call(op, family, dtype, 2.0 * 512**3, 8 * 512 * 512, 8 * 512 * 512)
             planner.observed_local(call, None, seconds)

@@ -251,26 +251,29 @@ def floors_by_dtype(profile: Profile, workers: Sequence[int] | None, inputs_free
     models = [profile.local] + [d for _, d in remotes if d is not None]
     wanted = {d: FLOOR_DTYPES[d] for d in dtypes if d in FLOOR_DTYPES} if dtypes is not None else FLOOR_DTYPES
     out: dict[str, dict[str, int]] = {}
-    same: dict[tuple, dict[str, int]] = {}  # ops that would compute alike share one result (most have no samples yet)
+    # ops that would compute alike in a dtype share one result: most have no samples of their own
+    # in most dtypes (a worker times each decomposition in float64 only)
+    same: dict[tuple, int] = {}
     for op, family in (ops or {op: family_of(op) for op in FLOOR_SHAPES}).items():
         shape = FLOOR_SHAPES.get(op) or FAMILY_SHAPES[family]
-        measured = any(m.buckets.get((op, d)) or (op, d) in m.op_curves for m in models for d in wanted)
-        key = (id(shape), family, REPRESENTATIVE.get(op) == family, op.endswith((".rfft", ".irfft")),
-               op if measured else None)
-        if key in same:
-            out[op] = dict(same[key])
-            continue
+        alike = (id(shape), family, REPRESENTATIVE.get(op) == family, op.endswith((".rfft", ".irfft")))
         n_in = shape[0]
         by: dict[str, int] = {}
+        out[op] = by
         for dtype, size in wanted.items():
             if dtype == "f4" and family == "fft" and not op.endswith((".rfft", ".irfft")):
+                continue
+            measured = any(m.buckets.get((op, dtype)) or (op, dtype) in m.op_curves for m in models)
+            key = (*alike, dtype, op if measured else None)
+            if key in same:
+                by[dtype] = same[key]
                 continue
             cf = 4 if dtype[0] == "c" and family != "fft" else 1
             # bisection on log2(n) in [2, 15.6]: the advantage of the worker grows with n (more work
             # per byte for the dense ops; a fixed round trip amortised for all of them)
             lo, hi = 2.0, 15.6
             if not could_win(op, family, dtype, size, cf, 2 ** hi):
-                by[dtype] = NEVER
+                by[dtype] = same[key] = NEVER
                 continue
             for _ in range(10):
                 mid = (lo + hi) / 2
@@ -278,6 +281,5 @@ def floors_by_dtype(profile: Profile, workers: Sequence[int] | None, inputs_free
                     hi = mid
                 else:
                     lo = mid
-            by[dtype] = int(n_in(2 ** hi) * size)
-        out[op] = same[key] = by
+            by[dtype] = same[key] = int(n_in(2 ** hi) * size)
     return out

@@ -388,10 +388,10 @@ class Planner:
     # -- the floors ---------------------------------------------------------------------------------
     def _refresh_floor(self, op: str, family: str, dtype: str) -> None:
         """One op's floor, after one of its first measurements here, in ``dtype``: that dtype's bound
-        alone is recomputed (about 0.05 ms of arithmetic; the four of them cost 0.15-0.3 ms, ten
-        times in a short program), done inline (a thread per refresh cost a short program more:
-        starting one waits for the GIL while BLAS holds both cores). Nothing before a worker is
-        ready: its readiness refreshes every floor."""
+        alone is recomputed (0.06-0.3 ms of arithmetic, up to ten times in a short program; the
+        four dtypes' took about 4x that on a synthetic profile), done inline (a thread per refresh
+        cost a short program more: starting one waits for the GIL while BLAS holds both cores).
+        Nothing before a worker is ready: its readiness refreshes every floor."""
         if self.policy != "auto" or self.held or dtype not in FLOOR_DTYPES:
             return  # (a floor is the least over FLOOR_DTYPES: another dtype's measurement moves none)
         with self.lock:

@@ -418,6 +418,10 @@ def test_an_ops_floor_rises_only_as_far_as_every_dtype_it_came_in_has_shown_hope
         assert d.where == "local" and not d.explore
         planner.observed_local(f8, d, f8.flops / 100e9)
     assert cell[0] < f4.bytes_in and planner.raised == {}  # (the models' floor moved with the curves)
+    # an integer product no worker is priced for (here: none offers the kernel) can never be
+    # evidence, and does not hold the floor down
+    ints = matmul(1024, "i8", 8)
+    assert planner.decide(ints, [WorkerState("without-kernel")]).remote_s is None
     # the float32 products turn out slower there too: now the op rises past both
     device.set_curve("products", "f4", [(1e9, 1e9 / 50e9)])
     for _ in range(planner_mod.HOPELESS_CALLS):

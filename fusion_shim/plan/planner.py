@@ -95,7 +95,7 @@ class Planner:
         # (op, dtype) -> its calls that could not win anywhere, since the last refresh
         self._hopeless: dict[tuple[str, str], int] = {}
         self._hopeless_past: dict[str, dict[str, int]] = {}  # op -> dtype -> past its hopeless calls, since then
-        self._dtypes: dict[str, set[str]] = defaultdict(set)  # op -> the dtypes its calls decided here came in
+        self._dtypes: dict[str, set[str]] = defaultdict(set)  # op -> the dtypes its calls were priced on a worker in
         self._looked: dict[str, int] = {}    # op -> its local calls whose inputs were looked at, since then
         self.raised: dict[str, int] = {}     # op -> the floor the evidence gave it (reported)
         self.raises = 0
@@ -129,9 +129,10 @@ class Planner:
             key = (call.family, call.dtype)
             if key not in self._wanted and self.policy != "local":
                 self._want(key)
-            self._dtypes[call.op].add(call.dtype)
             budget = self.explore_fraction * self.intercepted_s - self.explore_spent_s
             d = decide(self.policy, call, self.profile, workers, budget, self.min_flops)
+            if d.remote_s is not None:  # a dtype a worker was priced for: its calls may be evidence
+                self._dtypes[call.op].add(call.dtype)
             if (d.where == "local" and d.remote_s is not None and d.local_s is not None
                     and d.remote_s < d.local_s and key not in self._probed):
                 self._probe(key)  # a worker predicted faster, not by the margin: calibration can decide it

@@ -21,8 +21,8 @@ device is priced 1.5 sigma optimistic). Every call above its floor takes the slo
 BLAS call has emptied the caches costs 0.2-0.3 ms (40 us warm): 3% of a 10 ms matmul, on each call.
 So when ``HOPELESS_CALLS`` of an op's calls could not have won on any ready worker under the floor's
 own optimistic test (inputs free where residency may keep them, the device Z_FLOOR sigmas fast), the
-op's floor rises just past the largest of them (as far as every dtype the op's calls came in has
-shown: the floor is one number per op); calls of that size then cost one comparison. Any
+op's floor rises just past the largest of them (as far as every dtype the op's calls were priced
+on a worker in has shown: the floor is one number per op); calls of that size then cost one comparison. Any
 refresh from the models (a worker ready or back, a link measured, a calibration, a worker's first
 measurements of an op) drops these raises and evidence is gathered again. The price: a call of the
 op with fewer input bytes but more work than the hopeless ones (a denser shape) stays local unseen.

@@ -405,7 +405,7 @@ class Planner:
         by = self._model_floors[op] = fresh if known is None else {**known, **fresh}
         self.floor_cells[op][0] = max(min(by.values(), default=NEVER), self.raised.get(op, 0))
         self._computed.add(op)
-        self._set_floor_bytes(min((self.floor_cells[o][0] for o in list(self._computed)), default=NEVER), (op,))
+        self._set_floor_bytes(self._lowest_floor(), (op,))
 
     def residency_decides(self, call: Call, decision: Decision) -> bool:
         """Whether to look at the inputs (fingerprints) of a call that stays here, for the evidence
@@ -450,7 +450,7 @@ class Planner:
                 return
             past = self._hopeless_past.setdefault(call.op, {})
             past[call.dtype] = max(past.get(call.dtype, 0), call.bytes_in + 1)
-            # one floor per op: it rises only as far as every dtype the op came in has shown hopeless
+            # one floor per op: it rises only as far as every dtype a worker was priced for has shown hopeless
             # (a slow-client run's float64 products raised @'s past its float32 ones, which paid there)
             value = min(past.get(dtype, 0) for dtype in self._dtypes[call.op] | {call.dtype})
             if value <= cell[0]:
@@ -459,7 +459,7 @@ class Planner:
             cell[0] = self.raised[call.op] = value
             self.raises += 1
             self._computed.add(call.op)
-            low = min((self.floor_cells[o][0] for o in list(self._computed)), default=NEVER)
+            low = self._lowest_floor()
         self._set_floor_bytes(low, (call.op,))
         if first:
             self.on_event(f"floor of {call.op} raised to {_size(value)}: {n} of its {call.dtype} calls could not "
@@ -469,6 +469,10 @@ class Planner:
         """For a calibration probe: CPUs' worth of other work of this program, a call computing on a
         same-host worker counted as a whole busy CPU (calibrate.best_time never times beside it)."""
         return 1.0 + calibrate.BUSY_SHARE if self.worker_busy() else calibrate.others_busy()
+
+    def _lowest_floor(self) -> int:
+        """The smallest floor of the ops the models or the evidence have set (the C fast path's)."""
+        return min((self.floor_cells[o][0] for o in list(self._computed)), default=NEVER)
 
     def _set_floor_bytes(self, low: int, ops: Any) -> None:
         self.floor_bytes = low
@@ -495,7 +499,7 @@ class Planner:
         for op, value in new.items():
             self.floor_cells[op][0] = value
         self._computed.update(new)
-        self._set_floor_bytes(min((self.floor_cells[o][0] for o in list(self._computed)), default=NEVER), tuple(new))
+        self._set_floor_bytes(self._lowest_floor(), tuple(new))
 
     def describe_floors(self) -> str:
         parts = []

@@ -1,6 +1,7 @@
 """The planner inside the runtime (issue 5): several workers, link measurement at connect, per-op
 floors, calibration on first use with its cache, the residency hook, learning from every call."""
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -404,6 +405,93 @@ def test_worker_self_benchmark_is_short_when_it_shares_the_programs_cpus():
         assert all(s > 0 for pts in bench["points"].values() for _, s in pts)
     assert len(shared["points"]["products/f8"]) == 2 and len(own["points"]["products/f8"]) == 3
     assert max(f for f, _ in own["points"]["products/f8"]) > max(f for f, _ in shared["points"]["products/f8"])
+    # only a worker with its CPUs to itself checks what else ran on them (once, or again while busy)
+    assert "others_busy" not in shared and 1 <= len(own["others_busy"]) <= 3
+    assert all(0.0 <= b <= 1.0 for b in own["others_busy"])
+
+
+def _fake_bench(scale: float) -> tuple[dict, dict, dict]:
+    return ({"products/f8": [[1e9, 0.010 * scale], [8e9, 0.080 * scale]]},
+            {"numpy.linalg.svd/f8": [[1e8, 0.004 * scale]]}, {"numpy.linalg.qr": "RuntimeError: no"})
+
+
+def test_a_cpu_workers_self_benchmark_beside_other_processes_is_taken_again():
+    """A benchmark taken while other processes computed on the worker's CPUs read their load as its
+    rate (float64 products at 47 GFLOP/s against 74-83 in quiet starts, on 2 cores): it is taken again
+    after a pause, each point keeps its best time, and the hello says what the load was."""
+    from fusion_shim.worker.kernels import BENCH_ATTEMPTS, bench_until_clean
+
+    def sampler(shares):  # fake cpu_sample()s: each measurement's interval has the next share busy
+        clock = {"t": 0.0, "busy": 0.0, "i": 0, "open": False}
+
+        def sample():
+            if clock["open"]:  # the end of a measurement: 1 s on 2 CPUs, this process busy 1 CPU-s
+                clock["t"] += 1.0
+                clock["busy"] += 1.0 + 2 * shares[clock["i"]]
+                clock["i"] += 1
+            clock["open"] = not clock["open"]
+            return clock["t"], clock["busy"], float(clock["i"]), 2
+        return sample
+
+    pauses = []
+    runs = iter([_fake_bench(1.6), _fake_bench(1.0)])
+    points, ops, failed, busy = bench_until_clean(lambda: next(runs), sampler([0.5, 0.02]), pause=pauses.append)
+    assert busy == {"others_busy": [0.5, 0.02]} and len(pauses) == 1
+    assert points == _fake_bench(1.0)[0] and ops == _fake_bench(1.0)[1]
+    assert failed == {"numpy.linalg.qr": "RuntimeError: no"}
+
+    # never clean: every try taken, each point its best of them, and said to be contended
+    first, second = _fake_bench(1.0), _fake_bench(2.0)
+    second[0]["products/f8"][1][1] = 0.05  # the second try faster at the larger size only
+    runs = iter([first, second] + [_fake_bench(3.0)] * (BENCH_ATTEMPTS - 2))
+    points, ops, _, busy = bench_until_clean(lambda: next(runs), sampler([0.4] * BENCH_ATTEMPTS), pause=pauses.append)
+    assert busy == {"others_busy": [0.4] * BENCH_ATTEMPTS, "contended": True}
+    assert points["products/f8"] == [[1e9, 0.010], [8e9, 0.05]]
+    assert ops == first[1]
+
+    # clean at once, or where the load cannot be read (no /proc/stat; a GPU): one try
+    runs = iter([_fake_bench(1.0)])
+    assert bench_until_clean(lambda: next(runs), sampler([0.0]))[3] == {"others_busy": [0.0]}
+    runs = iter([_fake_bench(1.0)])
+    assert bench_until_clean(lambda: next(runs), lambda: None)[3] == {}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc/stat")
+def test_the_benchmarks_load_check_counts_other_processes_not_this_one():
+    """What the worker's benchmark check reads: another process spinning on one of this process's
+    CPUs is a share of them; this process's own computing is not."""
+    from fusion_shim.worker.kernels import cpu_sample, others_share
+
+    ncpu = len(os.sched_getaffinity(0))
+    before = cpu_sample()
+    t = time.monotonic()
+    while time.monotonic() - t < 0.4:  # this process computes
+        pass
+    own = others_share(before, cpu_sample())
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.monotonic()\n"
+                                "while time.monotonic() - t < 5: pass"])
+    try:
+        time.sleep(0.1)
+        before = cpu_sample()
+        time.sleep(0.5)
+        other = others_share(before, cpu_sample())
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert other >= 0.6 / ncpu, (other, ncpu)
+    assert own <= 0.4 / ncpu + 0.05, (own, ncpu)
+
+
+def test_a_benchmark_taken_beside_other_processes_is_reported():
+    """The client says when a worker's self-benchmark had to be taken again, or never ran clean."""
+    for bench, said in (({"others_busy": [0.02]}, None),
+                        ({"others_busy": [0.45, 0.03]}, "45%, 3% of its CPUs; taken again"),
+                        ({"others_busy": [0.5, 0.4, 0.6], "contended": True}, "50%, 40%, 60% of its CPUs in each try")):
+        events = []
+        planner = Planner("auto", 1, on_event=events.append)
+        planner.worker_ready(0, {"points": {"products/f8": [[1e9, 1e-2]]}, **bench}, 1e-4, 1e10, 1e10)
+        hits = [e for e in events if "self-benchmark ran beside other processes" in e]
+        assert (hits == []) if said is None else (len(hits) == 1 and said in hits[0]), events
 
 
 def test_a_decomposition_the_worker_could_not_time_is_reported_not_claimed(monkeypatch):

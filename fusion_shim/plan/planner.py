@@ -264,6 +264,13 @@ class Planner:
                             model.benchmarked = True
             self.ready.add(worker)
             self.held = False
+        busy = bench.get("others_busy") if isinstance(bench, dict) else None
+        if isinstance(busy, list) and busy and all(isinstance(b, (int, float)) for b in busy) and (
+                bench.get("contended") or len(busy) > 1):
+            shares = ", ".join(f"{b:.0%}" for b in busy[:5])
+            self.on_event(f"worker {worker}'s self-benchmark ran beside other processes (they used {shares} of its "
+                          + ("CPUs in each try: its rates may read slow until its calls correct them)"
+                             if bench.get("contended") else "CPUs; taken again, each point's best time kept)"))
         failed = bench.get("ops_failed") if isinstance(bench, dict) else None
         if isinstance(failed, dict) and failed:  # said outside the lock, as every event
             self.on_event(f"worker {worker}'s self-benchmark could not time "

@@ -64,6 +64,7 @@ DEADLINE_FACTOR = 20.0   # once the family has a measured worker time (before th
 SYNC_LINK_PROBE_S = 0.05  # a call predicted to take this long here waits for its link's first bandwidth probe,
 SYNC_LINK_PROBE_RTTS = 100  # and this many of the link's round trips
 QUIET_TRIES = 4  # a probe on its own thread waits for an idle moment this many checks (about 0.2 s), then runs
+HANDOFF_RTT_S = 1e-3  # ... unless its link is this close: then the next call that wants it makes it (below)
 REPROBE_MAX_S = 5.0  # a faulted worker is probed again after 0.1 s, doubling up to this
 CPU_WORKER_AFTER_S = 10.0  # no GPU here: the embedded (CPU) worker starts once the program has run this long
 
@@ -167,6 +168,7 @@ class WorkerLink:
         self.rtt_s: float | None = None                    # measured at the first handshake
         self.bandwidth: tuple[float, float] | None = None  # (up, down) bytes/s, measured on first need
         self._bw_probing = False
+        self._bw_handoff = False  # the probe's thread found the program busy: the next call makes it
         self.proc: subprocess.Popen | None = None
         self.owner = os.getpid()
         self.tmpdir: str | None = None
@@ -307,33 +309,49 @@ class WorkerLink:
             return {}
         return {"up_bytes_per_s": self.bandwidth[0], "down_bytes_per_s": self.bandwidth[1]}
 
-    def measure_bandwidth_soon(self, wait: bool = False) -> None:
+    def measure_bandwidth_soon(self, wait: bool = False) -> bool:
         """Issue 5: bulk transfers each way (about 7 MB in all, linkprobe), the first time a call could
         go to this worker; until it is done the planner prices the link with its prior. On a thread of its own,
         or with ``wait`` on the caller's: a probe that shares a busy CPU with the program measures
         the program, not the link (on one core it read a third of the bandwidth), so a call long
         enough to pay for a few milliseconds has it made while the program waits anyway. The thread
         waits a little (QUIET_TRIES) for the program to be idle (its other threads' CPU time, as for
-        calibration probes): beside the program's BLAS calls a probe cost a 0.3 s program 5%."""
+        calibration probes): beside the program's BLAS calls a probe cost a 0.3 s program 5%. Still
+        busy, over a link within HANDOFF_RTT_S (where the probe is a few milliseconds of copying) it
+        leaves the probe to the next call that wants it, on the program's thread: made beside a
+        client busy on its one core, a loopback probe read 17 MB/s for a link that moves 2-3 GB/s,
+        and every floor went past the program's calls for the rest of the run. Returns whether the
+        probe was made here, now."""
         with self._lock:
             if self.bandwidth is not None or self._bw_probing or self.stopped or not self.ready.is_set():
-                return
+                return False
             self._bw_probing = True
+            wait = wait or self._bw_handoff
         if wait:
             self._measure_bandwidth()
         else:
             threading.Thread(target=self._measure_bandwidth_when_quiet, name="fusion-shim-link-probe",
                              daemon=True).start()
+        return wait
 
     def _measure_bandwidth_when_quiet(self) -> None:
         from .plan import calibrate
 
         for _ in range(QUIET_TRIES):
-            if self.stopped or calibrate.others_busy() <= calibrate.BUSY_SHARE:
+            # idle: the program's threads, and no call of its in flight here (waiting for one, the
+            # program looks idle, but its transfer shares the link and its kernel maybe the CPUs)
+            if self.stopped or (calibrate.others_busy() <= calibrate.BUSY_SHARE and not self.inflight):
                 break
             time.sleep(calibrate.CONTENDED_PAUSE_S)
-        # idle or not by now: left unmeasured longer, a link is never explored (a client held to one
-        # core, always busy, stopped offloading the chain of calls that pays there)
+        else:
+            if self.rtt_s is not None and self.rtt_s <= HANDOFF_RTT_S:
+                with self._lock:
+                    self._bw_handoff = True
+                    self._bw_probing = False
+                return
+        # idle by now, or a farther link (its probe waits on the network more than on the CPU): left
+        # unmeasured longer, a link is never explored (a client held to one core, always busy,
+        # stopped offloading the chain of calls that pays there)
         self._measure_bandwidth()
 
     def _measure_bandwidth(self) -> None:
@@ -764,15 +782,15 @@ class Runtime:
             # worth measuring now (priced with the prior until then; where even a free link would
             # leave the call here, never; under policy remote nothing is decided, and the probe's
             # traffic would only blur the counts). A call long enough waits for it and is decided
-            # again with the measured link.
+            # again with the measured link; so does the next call to want it after the probe's
+            # thread found the program busy (measure_bandwidth_soon).
             t = time.perf_counter()
             probed = False
             for link in self.links:
                 if link.bandwidth is None:
                     # the probe takes a few round trips and ~1-4 MB: waited for only where that is small
                     wait = decision.local_s >= max(SYNC_LINK_PROBE_S, SYNC_LINK_PROBE_RTTS * (link.rtt_s or 1.0))
-                    link.measure_bandwidth_soon(wait)
-                    probed = probed or wait
+                    probed = link.measure_bandwidth_soon(wait) or probed
             if probed:
                 rec.phases["link_probe"] = time.perf_counter() - t
                 decision = self.planner.decide(call, self._states(spec, *(

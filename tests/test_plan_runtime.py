@@ -715,8 +715,11 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
 
 def test_a_background_link_probe_waits_a_little_for_the_program_to_be_idle(inproc_worker, monkeypatch):
     """Beside the program's BLAS calls a link probe cost a 0.3 s program 5%: on its own thread it
-    waits up to QUIET_TRIES checks for an idle moment, then runs all the same (a link left unmeasured
-    is never explored)."""
+    waits up to QUIET_TRIES checks for an idle moment. Still busy, over a link farther than
+    HANDOFF_RTT_S it runs all the same (a link left unmeasured is never explored); over a closer one,
+    where the probe is a few milliseconds of copying that a busy CPU would stretch (beside a client
+    busy on its one core a loopback probe read 17 MB/s for 2-3 GB/s), the next call that wants it
+    makes it on the program's thread."""
     from fusion_shim import runtime
     from fusion_shim.plan import calibrate as cal
 
@@ -729,20 +732,49 @@ def test_a_background_link_probe_waits_a_little_for_the_program_to_be_idle(inpro
         _ready(rt)
         link = rt.link
 
-        def measure():
-            link.bandwidth = None
+        def soon() -> bool:
             checks.clear()
-            link.measure_bandwidth_soon()
+            here = link.measure_bandwidth_soon()
             deadline = time.monotonic() + 30
-            while (link._bw_probing or link.bandwidth is None) and time.monotonic() < deadline:
+            while link._bw_probing and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert link.bandwidth is not None and link.bandwidth[0] > 1e6
+            return here
 
-        measure()  # busy throughout: measured after the last check
-        assert len(checks) == runtime.QUIET_TRIES
+        def measured() -> bool:
+            return link.bandwidth is not None and link.bandwidth[0] > 1e6
+
+        link.rtt_s = 2 * runtime.HANDOFF_RTT_S  # a farther link, busy throughout: after the last check
+        assert not soon() and measured() and len(checks) == runtime.QUIET_TRIES
+        link.bandwidth = None
         busy[0] = 0.0
-        measure()  # idle: at once
-        assert len(checks) == 1
+        assert not soon() and measured() and len(checks) == 1  # idle: at once
+        link.bandwidth = None
+        busy[0] = 2.0
+        link.rtt_s = runtime.HANDOFF_RTT_S / 2  # a close link, busy throughout: left to the next call
+        assert not soon() and not measured() and len(checks) == runtime.QUIET_TRIES and link._bw_handoff
+        assert soon() and measured() and checks == []  # made on the caller's thread, at once
+    finally:
+        fusion_shim.uninstall()
+
+
+def test_the_call_after_a_handed_off_probe_makes_it_and_is_decided_with_the_link(inproc_worker, monkeypatch):
+    """The runtime side of the hand-off: the call that makes the probe records it as its phase and is
+    decided again with the measured link, like a call long enough to wait for it."""
+    a = RNG.standard_normal((512, 512))
+    expected = a @ a
+    rt = fusion_shim.install(policy="auto", worker=inproc_worker, quiet=True)
+    try:
+        _ready(rt)
+        rt.link.bandwidth = None
+        rt.link._bw_handoff = True
+        monkeypatch.setattr(rt.planner, "link_could_matter", lambda call, workers: True)
+        decided = []
+        real = rt.planner.decide
+        monkeypatch.setattr(rt.planner, "decide", lambda call, workers: decided.append(call.op) or real(call, workers))
+        rt.planner.floor_cells["numpy.matmul"][0] = 0
+        np.testing.assert_allclose(np.matmul(a, a), expected)
+        rec = [r for r in rt.ledger.records if r.op == "numpy.matmul"][-1]
+        assert rt.link.bandwidth is not None and "link_probe" in rec.phases and len(decided) >= 2
     finally:
         fusion_shim.uninstall()
 

@@ -85,7 +85,8 @@ def bench_until_clean(measure: Callable[[], tuple[dict, dict, dict]], sample: Ca
                       attempts: int = BENCH_ATTEMPTS, pause: Callable[[float], None] = time.sleep,
                       ) -> tuple[dict, dict, dict, dict]:
     """``measure()`` -> (points, ops, failed), taken again while other processes used more than
-    BENCH_OTHERS_MAX of the CPUs (``sample``: :func:`cpu_sample`, or None where that is not known).
+    BENCH_OTHERS_MAX of the CPUs (``sample``: :func:`cpu_sample`, or one that returns None where the
+    load cannot be read: one try).
     Returns each point's best time over the attempts, the failed ops of the first, and what the hello
     says of the load: {"others_busy": [share per attempt], "contended": True if none was clean}."""
     points: dict = {}

@@ -146,24 +146,6 @@ def test_exploration_on_a_worker_contended_by_the_programs_blas_is_priced_more_p
     assert decide("auto", call, p, shared, explore_left_s=shared_cost * 1.01).explore
 
 
-def test_an_exploration_is_priced_with_its_reused_inputs_whole_upload():
-    """An input the program keeps passing is priced by its share of one upload, for the calls that
-    will reuse it there; an exploration moves it now, in full, and a short program may end before the
-    rest come (mix on the slow client: a dot priced at 2.4 ms with its 32 MB matrix at a tenth took
-    13 ms, twice the run's budget). Its cost is checked against the budget with the whole upload."""
-    p, call = _uncertain_worker(), matmul(1024)
-    share = call.bytes_in // 10
-    reused = [WorkerState("ready", bytes_in=share, reused=call.bytes_in)]
-    d = decide("auto", call, p, reused, explore_left_s=1.0)
-    assert d.explore and d.where == "worker"
-    full = decide("auto", call, p, READY, explore_left_s=1.0)  # the same call with every byte to move
-    cheap = d.remote_s * math.exp(d.remote_sigma) - d.local_s
-    whole = full.remote_s * math.exp(d.remote_sigma) - d.local_s
-    assert cheap < whole
-    assert not decide("auto", call, p, reused, explore_left_s=(cheap + whole) / 2).explore
-    assert decide("auto", call, p, reused, explore_left_s=whole * 1.01).explore
-
-
 def test_no_exploration_over_a_link_not_yet_measured():
     p, call = _uncertain_worker(), matmul(1024)
     p.workers[0].link = type(p.workers[0].link)()  # the prior link: 2 GB/s assumed, never measured

@@ -19,14 +19,14 @@ where a side has nothing but the static prior), narrowing as the models gather s
 contended by the program's BLAS threads, SIGMA_SHARED_CPUS wider until a call has run there). Exploration
 tries the place predicted slower when it could plausibly win (optimistic by Z_EXPLORE sigmas), its
 model has few samples for that size, and what it could cost (priced pessimistically, Z_EXPLORE_COST
-sigmas slow, with SIGMA_SHARED_CPUS more on a worker contended by the program's BLAS threads, and
-its reused inputs' whole upload, not their share) fits the exploration budget the caller passes in (plan.planner keeps it under ~2% of the run's intercepted
+sigmas slow, with SIGMA_SHARED_CPUS more on a worker contended by the program's BLAS threads) fits the
+exploration budget the caller passes in (plan.planner keeps it under ~2% of the run's intercepted
 time).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Sequence
 
 from .model import SIGMA_PRIOR, Profile
@@ -151,17 +151,9 @@ def decide(policy: str, call: Call, profile: Profile, workers: Sequence[WorkerSt
     # local side known only by its prior: the call runs here and measures it first (explorations are
     # charged against the local prediction; a pessimistic prior made twelve of them look free)
     cost_sigma = math.hypot(sigma_r, SIGMA_SHARED_CPUS) if workers[best].contended else sigma_r
-    # what it could cost moves its inputs now, in full: an input the program keeps passing is priced
-    # by its share of one upload (for the calls that will reuse it there), but a short program may end
-    # first (mix on the slow client: a dot priced at 2.4 ms with its 32 MB matrix at a tenth took 13 ms,
-    # twice the run's budget). Bounded above: the shares already counted are counted again
-    w = workers[best]
-    spent_s = remote_s if not w.reused else price_remote(call, profile, best, replace(
-        w, bytes_in=min(call.bytes_in, (call.bytes_in if w.bytes_in is None else w.bytes_in) + w.reused)),
-        link_free)[0]
     if (n_r < EXPLORE_SAMPLES and (link_free or profile.workers[best].link.measured) and sigma_l < SIGMA_PRIOR
             and remote_s * math.exp(-Z_EXPLORE * sigma_r) < local_s
-            and 0 < explore_left_s and spent_s * math.exp(Z_EXPLORE_COST * cost_sigma) - local_s <= explore_left_s):
+            and 0 < explore_left_s and remote_s * math.exp(Z_EXPLORE_COST * cost_sigma) - local_s <= explore_left_s):
         return Decision("worker", f"exploring{where}: predicted {_ms(remote_s)} there vs {_ms(local_s)} here, "
                         f"{n_r} samples", local_s, remote_s, best, True, sigma_l, sigma_r)
     return Decision("local", f"predicted {_ms(local_s)} here <= {_ms(remote_s)}{where or ' on the worker'} "

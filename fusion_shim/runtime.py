@@ -348,6 +348,9 @@ class WorkerLink:
                 with self._lock:
                     self._bw_handoff = True
                     self._bw_probing = False
+                self.ledger.event(f"link bandwidth to {self.url}: the program was busy throughout {QUIET_TRIES} "
+                                  "checks; the next call that could go there measures it (until then the "
+                                  "link is priced with its prior and no call explores it)")
                 return
         # idle by now, or a farther link (its probe waits on the network more than on the CPU): left
         # unmeasured longer, a link is never explored (a client held to one core, always busy,

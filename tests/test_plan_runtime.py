@@ -753,6 +753,7 @@ def test_a_background_link_probe_waits_a_little_for_the_program_to_be_idle(inpro
         busy[0] = 2.0
         link.rtt_s = runtime.HANDOFF_RTT_S / 2  # a close link, busy throughout: left to the next call
         assert not soon() and not measured() and len(checks) == runtime.QUIET_TRIES and link._bw_handoff
+        assert any("the next call that could go there measures it" in e for _, e in rt.ledger.events)
         assert soon() and measured() and checks == []  # made on the caller's thread, at once
     finally:
         fusion_shim.uninstall()

@@ -449,6 +449,13 @@ def test_a_cpu_workers_self_benchmark_beside_other_processes_is_taken_again():
     assert points["products/f8"] == [[1e9, 0.010], [8e9, 0.05]]
     assert ops == first[1]
 
+    # a decomposition one try could not time and another did is timed, not reported as failed
+    later = _fake_bench(1.0)
+    later[1]["numpy.linalg.qr/f8"] = [[1e8, 0.003]]
+    runs = iter([_fake_bench(1.0), ({**later[0]}, later[1], {})])
+    _, ops, failed, _ = bench_until_clean(lambda: next(runs), sampler([0.5, 0.0]), pause=pauses.append)
+    assert failed == {} and ops["numpy.linalg.qr/f8"] == [[1e8, 0.003]]
+
     # clean at once, or where the load cannot be read (no /proc/stat; a GPU): one try
     runs = iter([_fake_bench(1.0)])
     assert bench_until_clean(lambda: next(runs), sampler([0.0]))[3] == {"others_busy": [0.0]}

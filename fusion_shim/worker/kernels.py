@@ -87,28 +87,32 @@ def bench_until_clean(measure: Callable[[], tuple[dict, dict, dict]], sample: Ca
     """``measure()`` -> (points, ops, failed), taken again while other processes used more than
     BENCH_OTHERS_MAX of the CPUs (``sample``: :func:`cpu_sample`, or one that returns None where the
     load cannot be read: one try).
-    Returns each point's best time over the attempts, the failed ops of the first, and what the hello
+    Returns each point's best time over the attempts, the ops no try could time, and what the hello
     says of the load: {"others_busy": [share per attempt], "contended": True if none was clean}."""
     points: dict = {}
     ops: dict = {}
     failed: dict = {}
+    load: dict = {}
     busy: list[float] = []
     for attempt in range(max(attempts, 1)):
         start = sample()
         got_points, got_ops, got_failed = measure()
         share = others_share(start, sample())
-        if attempt == 0:
-            points, ops, failed = got_points, got_ops, got_failed
-        else:
-            points, ops = _fastest(points, got_points), _fastest(ops, got_ops)
+        points, ops = _fastest(points, got_points), _fastest(ops, got_ops)
+        failed = {**failed, **got_failed}
         if share is None:
-            return points, ops, failed, {}
+            break
         busy.append(round(share, 3))
+        load = {"others_busy": busy}
         if share <= BENCH_OTHERS_MAX:
-            return points, ops, failed, {"others_busy": busy}
+            break
         if attempt + 1 < attempts:
             pause(BENCH_PAUSE_S)
-    return points, ops, failed, {"others_busy": busy, "contended": True}
+    else:
+        load["contended"] = True
+    # an op timed in any try is not reported as failed
+    failed = {op: why for op, why in failed.items() if f"{op}/f8" not in ops}
+    return points, ops, failed, load
 
 
 def _fastest(a: dict[str, list], b: dict[str, list]) -> dict[str, list]:

@@ -431,7 +431,7 @@ class WorkerLink:
         """One round trip, less the worker's health check (real device work, issue 8)."""
         rid = next(self._ids)
         t = time.perf_counter()
-        header, _ = chan.request(rid, wire.encode({"t": "hello", "id": rid}), time.monotonic() + 5, self.alive)
+        header, _ = chan.request(rid, wire.encode({"t": "hello", "id": rid}), time.monotonic() + 5, self.watch)
         took = time.perf_counter() - t
         health = header.get("health_s")
         return max(took - health, took / 10) if isinstance(health, float) else took
@@ -440,6 +440,12 @@ class WorkerLink:
         """A probe also ends when the link is stopped: its thread must not hold a socket for up to
         ready_timeout after uninstall."""
         return not self.stopped and self.alive()
+
+    @property
+    def watch(self) -> "Any":
+        """What a request on this link watches besides its socket: the embedded worker's process
+        (its exit ends the wait as WorkerDied), or nothing for a worker this process did not start."""
+        return self.alive if self.proc is not None else None
 
     def alive(self) -> bool:
         if self.proc is None:
@@ -541,7 +547,7 @@ class WorkerLink:
             try:
                 rid = next(self._ids)
                 self.channel().request(rid, wire.encode({"t": "stats", "id": rid, "shm_drop": names}),
-                                       time.monotonic() + 0.5, self.alive)
+                                       time.monotonic() + 0.5, self.watch)
             except transport.TransportError:
                 pass  # it unmaps them when it sees this process gone
 
@@ -1033,7 +1039,7 @@ class Runtime:
         """One request and its reply; returns (reply, arrays, when encoding ended). On a same-host
         link the buffers go through shared memory (issue 9, :func:`transport.shm.exchange`)."""
         ex = shmlane.exchange(chan, link.shm(), header, items, fps, refs, prep.results,
-                              time.monotonic() + deadline_s, link.alive, link.ledger.event)
+                              time.monotonic() + deadline_s, link.watch, link.ledger.event)
         rec.shm_sent += ex.sent
         rec.shm_received += ex.received
         return ex.reply, ex.arrays, ex.encoded

@@ -668,3 +668,26 @@ def test_strict_mode_turns_a_fallback_into_an_error(fake, sock_dir):
     assert rt.link.wait_ready(10)
     with pytest.raises(fusion_shim.FallbackError, match="unsupported"):
         np.matmul(a.tolist(), b)
+
+
+def test_a_dropped_connection_whose_worker_process_is_exiting_is_reported_as_its_death(monkeypatch):
+    """A killed worker closes its sockets before its exit can be reaped: the connection's drop can be
+    seen first. Where this process watches the worker, a drop followed within moments by its exit is
+    WorkerDied (the report's reason: the embedded worker-killed test read "lost" once in CI); a drop
+    alone, with no process watched or one still running, stays WorkerLost."""
+    from fusion_shim import transport
+
+    url = f"inproc://fusion-shim-tests-nobody-{os.getpid()}"
+    chan = transport.Channel(url)
+    try:
+        monkeypatch.setattr(chan, "_events", lambda data_only=False: None)
+        monkeypatch.setattr(chan, "_problem", lambda mark: transport.WorkerLost("connection lost"))
+        checks = iter([True, True, True, False])  # alive at the slice's check, gone a moment later
+        with pytest.raises(transport.WorkerDied):
+            chan._wait(1, time.monotonic() + 5, lambda: next(checks, False), 0)
+        with pytest.raises(transport.WorkerLost):
+            chan._wait(1, time.monotonic() + 5, lambda: True, 0)
+        with pytest.raises(transport.WorkerLost):
+            chan._wait(1, time.monotonic() + 5, None, 0)
+    finally:
+        chan.close()

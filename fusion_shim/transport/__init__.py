@@ -63,6 +63,18 @@ class WorkerLost(TransportError):
     """The connection to the worker dropped while a request waited (killed, stopped, unreachable)."""
 
 
+def _exits_soon(alive: Callable[[], bool], within_s: float = 0.05) -> bool:
+    """Whether a watched worker process is seen gone within ``within_s``: a killed process closes
+    its sockets before its exit can be reaped, so a dropped connection can be seen first (the
+    report then said "lost" for a worker that had died)."""
+    end = time.monotonic() + within_s
+    while alive():
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.005)
+    return True
+
+
 class Refused(TransportError):
     """The security handshake failed: the worker refused this client's key, or the keys do not match."""
 
@@ -272,6 +284,8 @@ class Channel:
                 self._events()
                 problem = self._problem(mark)
                 if problem is not None:
+                    if alive is not None and isinstance(problem, WorkerLost) and _exits_soon(alive):
+                        raise WorkerDied(f"worker at {self.url} exited")
                     raise problem
                 continue
             reply = self.sock.recv_multipart(copy=False)

@@ -315,8 +315,10 @@ def test_ops_computed_together_get_the_floors_each_gets_alone():
     # the measured dtypes moved their op's floor away from the ops it otherwise computes with
     assert together["numpy.linalg.svd"]["f8"] != together["numpy.linalg.svdvals"]["f8"]
     assert together["numpy.linalg.svd"]["c16"] == together["numpy.linalg.svdvals"]["c16"]
-    assert together["numpy.matmul"]["f4"] != together["numpy.dot"]["f4"]
-    assert together["numpy.matmul"]["f8"] == together["numpy.dot"]["f8"]
+    assert together["numpy.matmul"]["f4"] != together["numpy.tensordot"]["f4"]
+    assert together["numpy.matmul"]["f8"] == together["numpy.tensordot"]["f8"]
+    # np.dot has no calls of its own: it is priced off matmul's, the same kernel (model.SAME_KERNEL)
+    assert together["numpy.dot"]["f4"] == together["numpy.matmul"]["f4"]
     unmeasured = floors_by_dtype(profile(local=100, worker=300, rtt=3e-4, bw=2e9), [0],
                                  ops={"numpy.linalg.qr": "linalg"})
     assert together["numpy.linalg.qr"]["c16"] != unmeasured["numpy.linalg.qr"]["c16"]
@@ -467,6 +469,34 @@ def test_no_exploration_against_a_local_prior():
     p.local.observe(call.op, call.family, call.dtype, call.flops, call.flops / 10e9)  # measured: as the prior said
     d = decide("auto", call, p, READY, explore_left_s=10.0)
     assert d.where == "worker" and d.explore  # now it may be tried there
+
+
+def test_an_op_without_calls_of_its_own_is_priced_off_another_name_for_the_same_kernel():
+    """A cold start (no calibration curve here): np.dot of two 2-D arrays is the matmul kernel, so
+    once a matmul of that size and dtype has been measured its first call is priced off it, not off
+    the static prior trusted at 2 sigma. The slow client's case: 2048^2 float32, 172 ms here, the
+    worker benchmarked at 107 ms."""
+    n = 2048
+    flops = 2.0 * n**3
+    dot = Call("numpy.dot", "products", "f4", flops, 2 * 4 * n * n, 4 * n * n)
+    p = Profile(1)
+    p.workers[0].link.set_measured(1e-4, 2e9, 2e9)
+    p.workers[0].device.set_curve("products", "f4", [(flops, 0.107 - 3 * 4 * n * n / 2e9)])
+    assert decide("auto", dot, p, READY).where == "local"  # the prior alone: twice the margin
+    p.local.observe("numpy.matmul", "products", "f4", flops, 0.172)
+    seconds, sigma, n_own = p.local.predict("numpy.dot", "products", "f4", flops)
+    assert seconds == pytest.approx(0.172) and sigma < 0.5 and n_own == 0
+    d = decide("auto", dot, p, READY)
+    assert d.where == "worker" and not d.explore, d.reason
+    # not across dtypes, nor to an op that is another loop (tensordot reshapes and copies first)
+    assert p.local.predict("numpy.dot", "products", "f8", flops)[1] >= 1.0
+    assert p.local.predict("numpy.tensordot", "products", "f4", flops)[1] >= 1.0
+    # a bucket a few sizes away lends less certainty, as one of the op's own would
+    assert p.local.predict("numpy.dot", "products", "f4", flops / 64)[1] > sigma
+    # once it has calls of its own, they decide
+    p.local.observe("numpy.dot", "products", "f4", flops, 0.5)
+    assert p.local.predict("numpy.dot", "products", "f4", flops)[0] == pytest.approx(0.5)
+    assert p.local.predict("numpy.matmul", "products", "f4", flops)[0] == pytest.approx(0.172)
 
 
 def test_a_workers_drift_from_its_self_benchmark_is_learnt_across_ops():

@@ -8,7 +8,9 @@ two layers:
   interpolated in log-log space (the rate at the ends is held constant);
 - *buckets* per (op, dtype): every measured call, grouped by work (one bucket spans 4x in flops).
   A bucket keeps a mean log rate and its spread. A prediction inside a measured bucket uses it; near
-  one, that bucket's offset from the curve; otherwise the curve, or the static prior table.
+  one, that bucket's offset from the curve; for an op with no measured call yet, the nearest bucket of
+  another name for the same kernel (``SAME_KERNEL``: np.dot after np.matmul); otherwise the curve, or
+  the static prior table.
 
 A worker's device also has an *op curve* for each op it timed on its own (the decompositions, in
 its self-benchmark): read before the family's curve, as that op's offset from it. And a *drift*:
@@ -47,6 +49,16 @@ REPRESENTATIVE = {"numpy.matmul": "products", "numpy.dot": "products", "numpy.te
                   "numpy.ndarray.dot": "products", "numpy.linalg.matmul": "products",
                   "scipy.linalg.solve": "linalg", "scipy.fft.fft": "fft", "scipy.fft.ifft": "fft",
                   "scipy.fft.rfft": "fft", "scipy.fft.irfft": "fft"}
+# The same kernel under other names: until an op has measured calls of its own, the nearest measured
+# bucket of another op of its group stands in for them (as one of its own buckets a few sizes away
+# would). Without a calibration curve (a cold start) a program's first np.dot of two 2-D arrays was
+# priced off the static prior, trusted at 2 sigma, right after an np.matmul of the same size and dtype
+# had been measured: on the client held to one core, a 170 ms product computed here, where the worker
+# took 105. (np.dot of arrays past 2-D is another loop; its first call is priced as a matmul of its
+# work, and measures its own from then on.)
+SAME_KERNEL = {op: "gemm" for op in ("numpy.matmul", "numpy.dot", "numpy.ndarray.__matmul__",
+                                     "numpy.ndarray.__imatmul__", "numpy.ndarray.dot", "numpy.linalg.matmul")}
+SAME_KERNEL.update({op: "c2c-fft" for op in ("numpy.fft.fft", "numpy.fft.ifft")})
 # Until calibrated: float64 GFLOP/s on the 2-core development machine (shared/LIMITS.md)
 PRIOR_GFLOPS = {"products": 50.0, "linalg": 10.0, "fft": 3.0}
 DTYPE_SPEED = {"f4": 2.0, "c8": 2.0, "f8": 1.0, "c16": 1.0}  # relative to f8; anything else 0.1
@@ -83,6 +95,15 @@ class Stat:
         self.mean += w * d
         self.lf += w * (lf - self.lf)
         self.var = (1 - w) * (self.var + w * d * d)
+
+
+def _nearest(stats: dict[int, "Stat"], b: int) -> tuple[int, "Stat"] | None:
+    """The measured bucket nearest bucket ``b`` (another thread may add one meanwhile: a copy is read)."""
+    near = None
+    for k, s in list(stats.items()):
+        if s.n and (near is None or abs(k - b) < abs(near[0] - b)):
+            near = (k, s)
+    return near
 
 
 def _beyond(points: list[tuple[float, float]], x: float) -> float:
@@ -203,23 +224,27 @@ class RateModel:
         """(seconds, sigma of its log, samples in its bucket)."""
         lf = math.log(max(flops, 1.0))
         base, sigma = self._base(op, family, dtype, lf)
+        b = int(lf // BUCKET)
         stats = self.buckets.get((op, dtype))
         if stats:
-            b = int(lf // BUCKET)
             st = stats.get(b)
             if st is not None and st.n:
                 rate = st.mean + base - self._base(op, family, dtype, st.lf)[0]
                 return flops / math.exp(rate), st.sigma(), st.n
-            near = None
-            for k, s in list(stats.items()):  # another thread may add a bucket meanwhile
-                if s.n and (near is None or abs(k - b) < abs(near[0] - b)):
-                    near = (k, s)
-            if near is not None:
-                k, s = near
-                nsigma = s.sigma() + SIGMA_PER_BUCKET * abs(k - b)
-                if nsigma < sigma:
-                    rate = s.mean + base - self._base(op, family, dtype, s.lf)[0]
-                    return flops / math.exp(rate), nsigma, 0
+        near = _nearest(stats, b) if stats else None
+        if near is None and op in SAME_KERNEL:  # none of its own yet: another name's for the same kernel
+            group = SAME_KERNEL[op]
+            for other, theirs in list(self.buckets.items()):
+                if other[1] == dtype and other[0] != op and SAME_KERNEL.get(other[0]) == group:
+                    found = _nearest(theirs, b)
+                    if found is not None and (near is None or abs(found[0] - b) < abs(near[0] - b)):
+                        near = found
+        if near is not None:
+            k, s = near
+            nsigma = s.sigma() + SIGMA_PER_BUCKET * abs(k - b)
+            if nsigma < sigma:
+                rate = s.mean + base - self._base(op, family, dtype, s.lf)[0]
+                return flops / math.exp(rate), nsigma, 0
         return flops / math.exp(base), sigma, 0
 
     def samples(self, op: str, dtype: str) -> int:

@@ -246,7 +246,7 @@ def floors_by_dtype(profile: Profile, workers: Sequence[int] | None, inputs_free
         return _could_win(profile, remotes, op, family, dtype, flops_of(n) * cf,
                           0 if inputs_free else n_in(n) * size, n_out(n) * size)
 
-    from .model import REPRESENTATIVE
+    from .model import REPRESENTATIVE, SAME_KERNEL
 
     models = [profile.local] + [d for _, d in remotes if d is not None]
     wanted = {d: FLOOR_DTYPES[d] for d in dtypes if d in FLOOR_DTYPES} if dtypes is not None else FLOOR_DTYPES
@@ -264,7 +264,11 @@ def floors_by_dtype(profile: Profile, workers: Sequence[int] | None, inputs_free
             if dtype == "f4" and family == "fft" and not op.endswith((".rfft", ".irfft")):
                 continue
             measured = any(m.buckets.get((op, dtype)) or (op, dtype) in m.op_curves for m in models)
-            key = (*alike, dtype, op if measured else None)
+            # an op with no calls of its own is priced off its kernel's other names' (model.SAME_KERNEL)
+            group = SAME_KERNEL.get(op)
+            borrows = group is not None and not measured and any(
+                SAME_KERNEL.get(o) == group and d == dtype and stats for m in models for (o, d), stats in list(m.buckets.items()))
+            key = (*alike, dtype, op if measured else group if borrows else None)
             if key in same:
                 by[dtype] = same[key]
                 continue

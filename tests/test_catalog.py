@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import pathlib
 
 import numpy as np
 import numpy.fft
@@ -147,3 +148,44 @@ def test_scipy_condition_estimate_is_a_lower_bound_close_to_the_truth():
         est = float(kernels._inv_norm1_estimate(solve, solve_h, a))
         exact = float(np.abs(np.linalg.inv(a.numpy())).sum(0).max())
         assert exact / 3 <= est <= exact * (1 + 1e-12), (n, est, exact)
+
+
+_NO_LAZY_IMPORTS = r'''
+import sys
+sys.path.insert(0, "tests")
+import numpy as np
+import test_differential as td
+from fusion_shim.catalog import BY_NAME, Unsupported, prepare
+from fusion_shim.catalog.base import unwrap
+from fusion_shim.runtime import call_message
+from fusion_shim.worker.server import Worker
+import inspect, scipy.linalg  # noqa: F401  (the scipy rows' functions)
+from fusion_shim import wire
+worker = Worker("cpu")
+ran = []
+for case in td.CASES:
+    spec = BY_NAME[case.op]
+    a, k = case.build(td.Maker(case.dtypes[0], "C"))
+    fn = unwrap(td.op(case.op))
+    try:
+        prep = prepare(spec, inspect.signature(fn), a, k)
+    except Unsupported:
+        continue
+    header, _ = wire.decode(worker.handle(call_message(1, prep)))
+    ran.append((case.op, header["t"]))
+assert sum(t == "result" for _, t in ran) > 100, ran
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("sympy", "mpmath")))
+'''
+
+
+def test_no_kernel_imports_sympy_on_its_first_call(tmp_path):
+    """torch.broadcast_shapes' first call imports sympy (487 modules): 0.28-0.45 s charged to the
+    first solve a worker ran, which the planner then priced that op off. Every differential case's
+    kernel runs once in a fresh worker, and none may pull it in."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _NO_LAZY_IMPORTS], capture_output=True, text=True, timeout=600,
+                         cwd=str(pathlib.Path(__file__).resolve().parent.parent))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]

@@ -139,6 +139,13 @@ def _eps(t: torch.Tensor) -> float:
     return float(torch.finfo(t.real.dtype if t.is_complex() else t.dtype).eps)
 
 
+def _broadcast(*shapes: torch.Size) -> torch.Size:
+    """Batch shapes broadcast together, by NumPy's rule. Not torch.broadcast_shapes: its first call
+    imports sympy (487 modules), 0.28-0.45 s charged to the first solve a worker ran; a slow client's
+    exploration of a 30 ms solve took 436 ms, and the op was priced off it for the rest of the run."""
+    return torch.Size(np.broadcast_shapes(*(tuple(s) for s in shapes)))
+
+
 def _finite(*ts: torch.Tensor) -> None:
     for t in ts:
         if t.is_floating_point() or t.is_complex():
@@ -306,7 +313,7 @@ def _solve(t: list, p: dict) -> list:
         rhs = b.reshape(b.shape + (1,)).expand(a.shape[:-1] + (1,))
         return [torch.linalg.lu_solve(lu, piv, rhs).squeeze(-1)]
     # both to the same rank: torch must never read b as a batch of vectors (its rule, not NumPy's)
-    batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    batch = _broadcast(a.shape[:-2], b.shape[:-2])
     return [torch.linalg.lu_solve(lu.expand(batch + lu.shape[-2:]), piv.expand(batch + piv.shape[-1:]),
                                   b.expand(batch + b.shape[-2:]))]
 
@@ -692,7 +699,7 @@ def _s_solve(t: list, p: dict) -> list:
     solve, solve_h = _s_factor(a, p["structure"])
     _check_rcond(a, _inv_norm1_estimate(solve, solve_h, a))
     rhs = b.unsqueeze(-1) if p["vector_b"] else b
-    batch = torch.broadcast_shapes(a.shape[:-2], rhs.shape[:-2])
+    batch = _broadcast(a.shape[:-2], rhs.shape[:-2])
     if batch != a.shape[:-2]:
         a = a.expand(batch + a.shape[-2:])
         solve, solve_h = _s_factor(a, p["structure"])

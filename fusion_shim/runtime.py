@@ -655,6 +655,8 @@ class Runtime:
             return
         for link in self.links:  # the floors stay NEVER until one is ready (Planner.held)
             link.start()
+        if self.config.policy == "auto":  # calibration and floors run there: started off the program's calls
+            self._background_thread()
         if self.export_env and self.link.embedded:
             os.environ["FUSION_SHIM_WORKER"] = self.link.url
 
@@ -669,6 +671,8 @@ class Runtime:
         self.deferred = False
         self.ledger.event(f"the program has run {CPU_WORKER_AFTER_S:g} s: starting the embedded worker on this host's CPUs")
         link.start()
+        if self.config.policy == "auto":
+            self._background_thread()
 
     # -- what the interceptor and the planner read (issue 5) ----------------------------------------
     @property
@@ -704,14 +708,20 @@ class Runtime:
 
     def _background(self, fn: Any, name: str) -> None:
         """Run ``fn`` on the shim's background thread, whose NumPy calls are not intercepted
-        (calibration probes, every floor at once). One thread for the run, started on first use:
-        starting a thread waits for it to run, which on a busy 2-core machine cost milliseconds."""
+        (calibration probes, every floor at once)."""
+        self._background_thread().put((fn, name))
+
+    def _background_thread(self) -> "queue.SimpleQueue":
+        """The background thread's queue. One thread for the run, started with the workers (under
+        policy auto; else on first use): starting a thread waits for it to run, which beside a
+        BLAS call on a 2-core machine took 0.5-4 ms of the program's thread (the first calibration
+        probe queued, in traced runs of ``mix``)."""
         with self._bg_lock:
             if self._bg_queue is None or self._bg_pid != os.getpid():  # a forked child starts its own
                 self._bg_queue, self._bg_pid = queue.SimpleQueue(), os.getpid()
                 threading.Thread(target=self._background_loop, args=(self._bg_queue,), name="fusion-shim-background",
                                  daemon=True).start()
-            self._bg_queue.put((fn, name))
+            return self._bg_queue
 
     def _background_loop(self, jobs: "queue.SimpleQueue") -> None:
         self.guard.busy = True

@@ -267,7 +267,8 @@ def floors_by_dtype(profile: Profile, workers: Sequence[int] | None, inputs_free
             # an op with no calls of its own is priced off its kernel's other names' (model.SAME_KERNEL)
             group = SAME_KERNEL.get(op)
             borrows = group is not None and not measured and any(
-                SAME_KERNEL.get(o) == group and d == dtype and stats for m in models for (o, d), stats in list(m.buckets.items()))
+                SAME_KERNEL.get(o) == group and d == dtype and stats
+                for m in models for (o, d), stats in list(m.buckets.items()))
             key = (*alike, dtype, op if measured else group if borrows else None)
             if key in same:
                 by[dtype] = same[key]

@@ -153,7 +153,6 @@ def test_scipy_condition_estimate_is_a_lower_bound_close_to_the_truth():
 _NO_LAZY_IMPORTS = r'''
 import sys
 sys.path.insert(0, "tests")
-import numpy as np
 import test_differential as td
 from fusion_shim.catalog import BY_NAME, Unsupported, prepare
 from fusion_shim.catalog.base import unwrap
@@ -178,7 +177,7 @@ print(sorted(m for m in sys.modules if m.split(".")[0] in ("sympy", "mpmath")))
 '''
 
 
-def test_no_kernel_imports_sympy_on_its_first_call(tmp_path):
+def test_no_kernel_imports_sympy_on_its_first_call():
     """torch.broadcast_shapes' first call imports sympy (487 modules): 0.28-0.45 s charged to the
     first solve a worker ran, which the planner then priced that op off. Every differential case's
     kernel runs once in a fresh worker, and none may pull it in."""

@@ -19,6 +19,7 @@ import numpy as np
 import xxhash
 
 RESIDENT_MIN = 256 * 1024
+HASH_BPS = 25e9  # fingerprinting a call's inputs from DRAM: a 32 MB matrix took 1.1-1.5 ms here (~30 GB/s, LIMITS.md)
 
 
 def canonical(meta: dict) -> tuple[str, tuple]:
@@ -40,6 +41,21 @@ def fingerprint(meta: dict, buf: Any) -> str:
 
 def worth_keeping(arr: np.ndarray) -> bool:
     return arr.nbytes >= RESIDENT_MIN
+
+
+class HashRate:
+    """How fast this process fingerprints inputs, learnt from its own fingerprints (bytes/s, in log
+    space): whether looking at a call's inputs can pay for itself (runtime)."""
+
+    def __init__(self, bps: float = HASH_BPS) -> None:
+        self.bps = bps
+
+    def seconds(self, nbytes: int) -> float:
+        return nbytes / self.bps
+
+    def observe(self, nbytes: int, seconds: float) -> None:
+        if nbytes >= RESIDENT_MIN and seconds > 0:
+            self.bps *= min(max(nbytes / seconds / self.bps, 0.1), 10.0) ** 0.125
 
 
 REUSE_CAP = 3  # an input seen in k earlier calls is expected in about k more, at most this many

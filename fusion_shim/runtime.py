@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -50,7 +50,7 @@ from . import linkprobe, plan, transport, wire
 from .catalog import OpSpec, Prepared, Unsupported, prepare
 from .config import Config
 from .ledger import Ledger, Record, call_site
-from .residency import Mirror, Reuse, fingerprint, worth_keeping
+from .residency import HashRate, Mirror, Reuse, fingerprint, worth_keeping
 from .transport import shm as shmlane
 from .verify import compare
 
@@ -627,6 +627,7 @@ class Runtime:
         self._verify_debt = 0.0  # sampling: a call is checked each time this reaches 1
         self.pinned_checks: dict[tuple, str] = {}  # op signature -> call site of the mismatch that pinned it
         self.reuse = Reuse()  # inputs this process keeps passing to remote candidates (issue 5)
+        self.hash_rate = HashRate()  # how fast this process fingerprints inputs (what a look costs)
         self._results: dict[str, type] = {}
         # issue 8: ops in flight when the worker went down, by (kernel id, input dtypes)
         self.crash_limit = CRASH_LIMIT
@@ -780,15 +781,17 @@ class Runtime:
         wired = None
         inputs_up = None  # the fewest input bytes a worker could be priced for (None: not looked at)
         # Residency (issue 6): fingerprint only a remote candidate: a call that goes to a worker, or
-        # one that would if its inputs were already there, or one for which where its inputs are
-        # decides whether it is evidence for its op's floor (issue 5). Each worker is then priced for
-        # the input bytes it does not hold (issue 5), and the one that holds them is preferred.
+        # one that would if its inputs were already there by more than hashing them costs, or one for
+        # which where its inputs are decides whether it is evidence for its op's floor (issue 5). Each
+        # worker is then priced for the input bytes it does not hold (issue 5), and the one that holds
+        # them is preferred.
         if self.config.residency and self.links and decision.remote_s is not None and (
                 decision.where == "worker" or self._would_offload_if_resident(spec, call)
                 or self.planner.residency_decides(call, decision)):
             t = time.perf_counter()
             wired = _Wired(prep.arrays)
-            rec.phases["fingerprint"] = time.perf_counter() - t
+            rec.phases["fingerprint"] = spent = time.perf_counter() - t
+            self.hash_rate.observe(wired.hashed, spent)
             to_send = [wired.to_send(link.mirror, self.reuse) for link in self.links]
             inputs_up = min(wired.least_to_send(link.mirror, self.reuse) for link in self.links)
             self.reuse.note(wired.fps)
@@ -891,8 +894,13 @@ class Runtime:
         return rec
 
     def _would_offload_if_resident(self, spec: OpSpec, call: plan.Call) -> bool:
-        """Would some ready worker take the call if it held every input? (pure: no learning)"""
-        states = self._states(spec, [0] * len(self.links))
+        """Would some ready worker take the call if it held every input, with the time hashing them
+        to find out added to its side? A look that costs more than the call could gain (a
+        matrix-vector product reads its 32 MB matrix once: 1.7 ms here, 1.2 ms to hash) loses even
+        when they are there. (Pure: no learning.)"""
+        look = self.hash_rate.seconds(call.bytes_in)
+        states = [replace(w, backlog_s=w.backlog_s + look)
+                  for w in self._states(spec, [0] * len(self.links))]
         try:
             return plan.decide(self.config.policy, call, self.planner.profile, states, 0.0,
                                self.config.min_flops).where == "worker"
@@ -1115,10 +1123,13 @@ class _Wired:
     def __init__(self, arrays: list):
         self.items, self.fps, self.refs = [], [], []
         self.sizes = [a.nbytes for a in arrays]
+        self.hashed = 0  # bytes fingerprinted
         for arr in arrays:
             meta, buf = wire.to_wire(arr)
             self.items.append((meta, buf))
-            self.fps.append(fingerprint(meta, buf) if worth_keeping(arr) else None)
+            keep = worth_keeping(arr)
+            self.fps.append(fingerprint(meta, buf) if keep else None)
+            self.hashed += arr.nbytes if keep else 0
 
     def refs_in(self, mirror: Mirror) -> list[int]:
         return [i for i, fp in enumerate(self.fps) if fp is not None and fp in mirror]

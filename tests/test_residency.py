@@ -10,7 +10,7 @@ import pytest
 import fusion_shim
 from fusion_shim import wire
 from fusion_shim.intercept import bypassed
-from fusion_shim.residency import RESIDENT_MIN, fingerprint
+from fusion_shim.residency import HASH_BPS, RESIDENT_MIN, fingerprint
 
 RNG = np.random.default_rng(6)
 
@@ -212,6 +212,36 @@ def test_no_hashing_for_calls_that_stay_local(shim):
     recs = shim.ledger.records
     assert recs and all(r.kind == "local" for r in recs)
     assert all("fingerprint" not in r.phases for r in recs)
+
+
+def test_inputs_are_hashed_only_where_residency_could_gain_more_than_the_hash_costs(shim):
+    """A call kept here is looked at (its inputs fingerprinted) when a worker would take it were they
+    already there, the time the hash takes counted on the worker's side: a matrix-vector product
+    reads its large matrix once, about as fast as the hash does, and gains too little to pay for it."""
+    from fusion_shim.plan.planner import LOOK_MAX_BYTES
+
+    shim.config = shim.config.replace(policy="auto")
+    shim.planner.policy = "auto"
+    # SYNTHETIC profile: here 2 GFLOP/s, the worker 1000 behind a 100 MB/s link (sending 10 MB: 0.1 s)
+    _synthetic(shim, 2.0, 1000.0, 1e8)
+    assert shim.planner.inputs_may_be_resident  # the floors let a call whose inputs may be there through
+    a = RNG.standard_normal((1100, 1100))  # past what is hashed for a floor's evidence alone
+    assert a.nbytes > LOOK_MAX_BYTES
+    v = RNG.standard_normal(1100)
+    b = RNG.standard_normal((1100, 50))
+    # a @ v: 1.2 ms here, 0.1 ms there with a held (priced at a margin of about 3.6: far from the
+    # sizes the curves were measured at), 0.39 ms to hash a (HASH_BPS): 0.5 ms x 3.6, no look
+    assert 0.3e-3 < shim.hash_rate.seconds(a.nbytes) < 0.5e-3
+    np.matmul(a, v)
+    # a @ b: 60 ms here, 5 ms there with a held (the result's way back): looked at, then priced
+    # as sent (0.1 s): local
+    np.matmul(a, b)
+    mv, mm = shim.ledger.records[-2:]
+    assert mv.kind == mm.kind == "local" and (mv.op, mm.op) == ("numpy.matmul", "numpy.matmul")
+    assert "fingerprint" not in mv.phases and mv.shapes == [[1100, 1100], [1100]]
+    assert "fingerprint" in mm.phases
+    # what a look costs is learnt from the looks made
+    assert shim.hash_rate.bps != HASH_BPS
 
 
 def test_planner_prices_resident_inputs_as_free(store_worker):

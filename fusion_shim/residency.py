@@ -44,8 +44,9 @@ def worth_keeping(arr: np.ndarray) -> bool:
 
 
 class HashRate:
-    """How fast this process fingerprints inputs, learnt from its own fingerprints (bytes/s, in log
-    space): whether looking at a call's inputs can pay for itself (runtime)."""
+    """How fast this process looks at a call's inputs (lays them out for the wire and fingerprints
+    them), in bytes/s, learnt from its own looks (in log space, each weighing 1/8): whether a look
+    can pay for itself (runtime)."""
 
     def __init__(self, bps: float = HASH_BPS) -> None:
         self.bps = bps

@@ -19,7 +19,7 @@ where a side has nothing but the static prior), narrowing as the models gather s
 contended by the program's BLAS threads, SIGMA_SHARED_CPUS wider until a call has run there). Exploration
 tries the place predicted slower when it could plausibly win (optimistic by Z_EXPLORE sigmas), its
 model has few samples for that size, and what it could cost (priced pessimistically, Z_EXPLORE_COST
-sigmas slow, with SIGMA_SHARED_CPUS more on a worker contended by the program's BLAS threads) fits the
+sigmas slow, with SIGMA_SHARED_CPUS_EXPLORE more on a worker contended by the program's BLAS threads) fits the
 exploration budget the caller passes in (plan.planner keeps it under ~2% of the run's intercepted
 time).
 """
@@ -40,11 +40,16 @@ Z_EXPLORE_COST = 1.0     # what an exploration could cost: pessimistic by this m
 #                          is charged what it did cost, so a worse one only delays the next; at 2 the
 #                          client held to one core never explored the worker that was twice as fast)
 SIGMA_SHARED_CPUS = 1.0  # added to the margin of an op not yet run there (before any call measured its
-#                          drift), and to what an exploration could cost, on a worker that computes on
-#                          CPUs the program's multi-threaded BLAS uses: right after a BLAS call (its
-#                          helper threads still spinning) such a worker's kernel took 1-30x its idle
-#                          time (2-core development machine: eigh 200 3-107 ms, svd 512 28-795 ms), and
-#                          abandoning it there would only make the local call compete with it
+#                          drift) on a worker that computes on CPUs the program's multi-threaded BLAS
+#                          uses: right after a BLAS call (its helper threads still spinning) such a
+#                          worker's kernel took 1-30x its idle time (2-core development machine: eigh
+#                          200 3-107 ms, svd 512 28-795 ms), and abandoning it there would only make the
+#                          local call compete with it
+SIGMA_SHARED_CPUS_EXPLORE = math.log(30.0)  # added to what an exploration could cost on such a worker:
+#                          that worst case, for it is waited for. At 1.0 (2.7x) an eigh 200 explored there
+#                          at a predicted 2.6 ms took 108 ms (kernel 105), 8% of a 1.3 s mix run; the
+#                          budget then paid for it, but only after. (A worker with CPUs or a GPU of its
+#                          own is not contended: its explorations are abandoned at their deadline.)
 MIN_LOG_MARGIN = 0.02    # never offload on a predicted gain under 2%
 EXPLORE_SAMPLES = 2      # a place with fewer samples than this for the call's size may be explored
 CANDIDATE_STATES = ("ready", "busy")
@@ -150,7 +155,7 @@ def decide(policy: str, call: Call, profile: Profile, workers: Sequence[WorkerSt
     # emulated 1 Gbit/s link one such exploration cost a third of a short program), nor against a
     # local side known only by its prior: the call runs here and measures it first (explorations are
     # charged against the local prediction; a pessimistic prior made twelve of them look free)
-    cost_sigma = math.hypot(sigma_r, SIGMA_SHARED_CPUS) if workers[best].contended else sigma_r
+    cost_sigma = math.hypot(sigma_r, SIGMA_SHARED_CPUS_EXPLORE) if workers[best].contended else sigma_r
     if (n_r < EXPLORE_SAMPLES and (link_free or profile.workers[best].link.measured) and sigma_l < SIGMA_PRIOR
             and remote_s * math.exp(-Z_EXPLORE * sigma_r) < local_s
             and 0 < explore_left_s and remote_s * math.exp(Z_EXPLORE_COST * cost_sigma) - local_s <= explore_left_s):

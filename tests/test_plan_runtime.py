@@ -493,6 +493,36 @@ def test_a_cpu_workers_self_benchmark_beside_other_processes_is_taken_again():
     assert bench_until_clean(lambda: next(runs), lambda: None)[3] == {}
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_fork_waits_for_a_calibration_probe_computing_on_another_thread():
+    """OpenBLAS forked while another thread is inside one of its calls leaves the child's BLAS
+    waiting for threads it does not have (a multiprocessing child spun in an svd for good): a
+    fork waits for the probe's computation in progress on the shim's background thread."""
+    from fusion_shim.plan import calibrate
+
+    inside, spans = threading.Event(), []
+
+    def work():
+        inside.set()
+        time.sleep(0.3)
+        spans.append(time.perf_counter())
+
+    def clock():  # as if the probe had the CPU to itself throughout: one clean run is enough
+        now = time.perf_counter()
+        return now, now
+
+    probe = threading.Thread(target=lambda: calibrate.best_time(work, repeat=1, others=lambda: 0.0, clock=clock))
+    probe.start()
+    assert inside.wait(10)
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    forked = time.perf_counter()
+    os.waitpid(pid, 0)
+    probe.join(10)
+    assert len(spans) == 2 and forked >= spans[0]  # the warm-up run (the first) had ended before the fork
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc/stat")
 def test_the_benchmarks_load_check_counts_other_processes_not_this_one():
     """What the worker's benchmark check reads: another process spinning on one of this process's

@@ -33,6 +33,7 @@ import os
 import platform
 import socket
 import tempfile
+import threading
 import time
 from typing import Callable
 
@@ -163,6 +164,23 @@ def probe(family: str, dtype: str, others: Callable[[], float] | None = None) ->
     return points
 
 
+# Held while a probe computes. A fork waits for it: OpenBLAS forked while another thread is inside
+# one of its calls leaves the child's BLAS waiting on threads that are not there (a program's
+# multiprocessing child spun in an svd for good, its parent forked beside a probe on the shim's
+# background thread; NumPy alone does the same with any thread of its own computing at the fork).
+_computing = threading.Lock()
+
+
+def _fresh_lock_after_fork() -> None:
+    global _computing
+    _computing = threading.Lock()  # the child has no probe running: whatever the parent held
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=lambda: _computing.acquire(), after_in_parent=lambda: _computing.release(),
+                        after_in_child=_fresh_lock_after_fork)
+
+
 def best_time(fn: Callable[[], object], repeat: int = 3, clock: Callable[[], tuple[float, float]] | None = None,
               pause: Callable[[float], None] = time.sleep, others: Callable[[], float] | None = None) -> float:
     """The best of ``repeat`` clean timed runs after one warm-up (see the module's docstring); raises
@@ -176,12 +194,13 @@ def best_time(fn: Callable[[], object], repeat: int = 3, clock: Callable[[], tup
         if others() > BUSY_SHARE:  # the program is computing: never beside it
             pause(CONTENDED_PAUSE_S)
             continue
-        if not warm:
-            fn()  # warm: first-touch pages, BLAS thread start-up
-            warm = True
-        w0, c0 = clock()
-        fn()
-        w1, c1 = clock()
+        with _computing:
+            if not warm:
+                fn()  # warm: first-touch pages, BLAS thread start-up
+                warm = True
+            w0, c0 = clock()
+            fn()
+            w1, c1 = clock()
         wall = w1 - w0
         share = (c1 - c0) / wall if wall > 0 else 1.0
         share_seen = share if share_seen is None else max(share_seen, share)

@@ -168,7 +168,21 @@ def probe(family: str, dtype: str, others: Callable[[], float] | None = None) ->
 # one of its calls leaves the child's BLAS waiting on threads that are not there (a program's
 # multiprocessing child spun in an svd for good, its parent forked beside a probe on the shim's
 # background thread; NumPy alone does the same with any thread of its own computing at the fork).
+# A fork waits at most FORK_WAIT_S (a probe's point takes milliseconds; a wedged one must not wedge
+# the program's fork too).
 _computing = threading.Lock()
+_held_for_fork = False
+FORK_WAIT_S = 5.0
+
+
+def _before_fork() -> None:
+    global _held_for_fork
+    _held_for_fork = _computing.acquire(timeout=FORK_WAIT_S)
+
+
+def _after_fork_in_parent() -> None:
+    if _held_for_fork:
+        _computing.release()
 
 
 def _fresh_lock_after_fork() -> None:
@@ -177,7 +191,7 @@ def _fresh_lock_after_fork() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(before=lambda: _computing.acquire(), after_in_parent=lambda: _computing.release(),
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
                         after_in_child=_fresh_lock_after_fork)
 
 

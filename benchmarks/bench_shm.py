@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pytest
 
-from fusion_shim import wire
+from fusion_shim.protocol import wire
 from fusion_shim.transport import Channel, shm
 
 MIB64 = 64 << 20

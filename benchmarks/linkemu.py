@@ -244,7 +244,8 @@ class Link:
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Until the worker answers hello (it answers once warm)."""
         sys.path.insert(0, ROOT)
-        from fusion_shim import transport, wire
+        from fusion_shim import transport
+        from fusion_shim.protocol import wire
 
         deadline = time.monotonic() + timeout
         while True:

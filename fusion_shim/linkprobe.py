@@ -18,7 +18,8 @@ from typing import Callable
 
 import numpy as np
 
-from . import transport, wire
+from . import transport
+from .protocol import wire
 
 SMALL = 256 << 10          # bytes each way in the first transfer
 LARGE = 1 << 20            # ... and in the second, when the first took under FAST_S (the first alone,

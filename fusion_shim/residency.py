@@ -1,10 +1,7 @@
-"""Residency, client side (issue 6): content fingerprints and the mirror of what a worker holds.
+"""Residency, client side: the mirror of what a worker holds, and what this process reuses.
 
-An input is identified by an xxh3-128 hash over its bytes as they would travel, with its dtype,
-shape and memory order: :func:`fingerprint`. It is computed only for calls that are remote
-candidates and only for inputs of at least ``RESIDENT_MIN`` bytes (smaller ones always travel
-inline; hashing them would cost more than it could save). An array changed in place, through any
-view, hashes differently, so a stale copy on the worker is never used.
+Inputs are fingerprinted (:mod:`fusion_shim.protocol.fingerprint`) only for calls that are remote
+candidates and only from ``RESIDENT_MIN`` bytes up.
 
 The mirror is a hint: the worker's answer is final. A reference the worker no longer holds comes
 back as a ``missing`` error and is resent once, by value (``runtime``).
@@ -15,32 +12,9 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-import numpy as np
-import xxhash
+from .protocol.fingerprint import RESIDENT_MIN
 
-RESIDENT_MIN = 256 * 1024
-HASH_BPS = 25e9  # fingerprinting a call's inputs from DRAM: a 32 MB matrix took 1.1-1.5 ms here (~30 GB/s, LIMITS.md)
-
-
-def canonical(meta: dict) -> tuple[str, tuple]:
-    """The identity of the bytes regardless of how they are viewed: an F-ordered array is the C-ordered
-    array of the reversed shape, so a matrix and its transpose (``X`` and ``X.T``) are one entry."""
-    shape = tuple(meta["shape"])
-    return meta["dtype"], shape if meta["order"] == "C" else shape[::-1]
-
-
-def fingerprint(meta: dict, buf: Any) -> str:
-    """The fingerprint of an array as :func:`fusion_shim.wire.to_wire` lays it out (the worker
-    computes the same for its results, so a result fed back in is recognised)."""
-    dtype, shape = canonical(meta)
-    h = xxhash.xxh3_128()
-    h.update(f"{dtype}|{','.join(map(str, shape))}|".encode())
-    h.update(buf)
-    return h.hexdigest()
-
-
-def worth_keeping(arr: np.ndarray) -> bool:
-    return arr.nbytes >= RESIDENT_MIN
+HASH_BPS = 25e9  # fingerprinting a call's inputs from DRAM: a 32 MB matrix took 1.1-1.5 ms (~30 GB/s, LIMITS.md)
 
 
 class HashRate:

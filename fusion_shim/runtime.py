@@ -46,11 +46,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import linkprobe, plan, transport, wire
+from . import linkprobe, plan, transport
+from .protocol import wire
 from .catalog import OpSpec, Prepared, Unsupported, prepare
 from .config import Config
 from .ledger import Ledger, Record, call_site
-from .residency import HashRate, Mirror, Reuse, fingerprint, worth_keeping
+from .protocol.fingerprint import fingerprint, worth_keeping
+from .residency import HashRate, Mirror, Reuse
 from .transport import shm as shmlane
 from .verify import compare
 
@@ -1127,7 +1129,7 @@ class _Wired:
         for arr in arrays:
             meta, buf = wire.to_wire(arr)
             self.items.append((meta, buf))
-            keep = worth_keeping(arr)
+            keep = worth_keeping(arr.nbytes)
             self.fps.append(fingerprint(meta, buf) if keep else None)
             self.hashed += arr.nbytes if keep else 0
 

@@ -9,7 +9,7 @@ dropped, duplicated, cut, extended, swapped, emptied; too many frames; garbage f
 Plain seeded mutation (not hypothesis) so that a 10,000-message run is one reproducible stream:
 ``seed`` and the message index identify every message. The verdicts:
 
-- a message that :func:`fusion_shim.wire.decode` refuses locally (malformed on the wire) must be
+- a message that :func:`fusion_shim.protocol.wire.decode` refuses locally (malformed on the wire) must be
   answered with ``error``;
 - a message the wire accepts may be answered with ``result`` (the mutation kept it meaningful)
   only with exactly the results it declares, or with ``error``;
@@ -28,7 +28,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from fusion_shim import catalog, runtime, wire
+from fusion_shim import catalog, runtime
+from fusion_shim.protocol import wire
 
 HOSTILE = [None, True, False, -1, 0, 1, 3, 65, 2**31, 2**63 - 1, -2**63, 2**64 - 1, 1.5, float("nan"),
            float("inf"), "", "x", "matmul", "<f8", "|O", "C", "F", "\x00\xff", "a" * 300, [], [1], [-1],

@@ -159,7 +159,7 @@ from fusion_shim.catalog.base import unwrap
 from fusion_shim.runtime import call_message
 from fusion_shim.worker.server import Worker
 import inspect, scipy.linalg  # noqa: F401  (the scipy rows' functions)
-from fusion_shim import wire
+from fusion_shim.protocol import wire
 worker = Worker("cpu")
 ran = []
 for case in td.CASES:

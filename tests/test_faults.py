@@ -27,7 +27,8 @@ import pytest
 import zmq
 
 import fusion_shim
-from fusion_shim import transport, wire
+from fusion_shim import transport
+from fusion_shim.protocol import wire
 from fusion_shim.intercept import bypassed
 
 PY = sys.executable

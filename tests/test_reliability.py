@@ -258,7 +258,7 @@ def test_health_probe_catches_a_worker_that_computes_wrong():
     import msgpack
     import zmq
 
-    from fusion_shim import wire
+    from fusion_shim.protocol import wire
     from fusion_shim.worker import serve_in_thread
 
     worker = _faultlab.numpy_worker()

@@ -13,7 +13,8 @@ import pytest
 
 import fusion_shim
 from fusion_shim.report import format_table
-from fusion_shim import transport, wire
+from fusion_shim import transport
+from fusion_shim.protocol import wire
 from fusion_shim.report.trace import build_trace
 from fusion_shim.report.whatif import LinkProfile, reprice
 from fusion_shim.runtime import VerificationError

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 import fusion_shim
-from fusion_shim import wire
+from fusion_shim.protocol import wire
 from fusion_shim.intercept import bypassed
-from fusion_shim.residency import HASH_BPS, RESIDENT_MIN, fingerprint
+from fusion_shim.protocol.fingerprint import RESIDENT_MIN, fingerprint
+from fusion_shim.residency import HASH_BPS
 
 RNG = np.random.default_rng(6)
 

@@ -24,7 +24,8 @@ import zmq
 import zmq.auth
 
 import fusion_shim
-from fusion_shim import auth, config, transport, wire
+from fusion_shim import auth, config, transport
+from fusion_shim.protocol import wire
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parent.parent
@@ -390,7 +391,7 @@ def test_ndim_limit_is_64():
 
 # -- no pickle, cloudpickle or marshal on the default path ---------------------------------------------------
 
-DEFAULT_PATH = ["wire.py", "transport/__init__.py", "runtime.py", "auth.py", "config.py", "catalog/__init__.py",
+DEFAULT_PATH = ["protocol/wire.py", "protocol/fingerprint.py", "transport/__init__.py", "runtime.py", "auth.py", "config.py", "catalog/__init__.py",
                 "catalog/base.py", "catalog/products.py", "catalog/linalg.py", "catalog/fft.py", "catalog/scipy.py",
                 "catalog/numba.py", "transport/shm.py",
                 "plan/__init__.py", "ledger.py", "intercept/__init__.py", "worker/server.py", "worker/kernels.py",
@@ -425,7 +426,8 @@ import sys
 import numpy
 before = set(sys.modules)
 import fusion_shim
-from fusion_shim import wire, transport, runtime, auth
+from fusion_shim import transport, runtime, auth
+from fusion_shim.protocol import wire
 import zmq, msgpack
 ctx = transport.context()
 a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)

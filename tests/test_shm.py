@@ -20,7 +20,7 @@ import pytest
 
 import fusion_shim
 from conftest import last_record
-from fusion_shim import wire
+from fusion_shim.protocol import wire
 from fusion_shim.config import Config, ConfigError
 from fusion_shim.transport import Channel, shm
 

@@ -106,7 +106,7 @@ def _env(device: str) -> dict:
 
 
 def start_worker(device: str, tmp: str) -> tuple[subprocess.Popen, str, dict, float]:
-    from fusion_shim import wire
+    from fusion_shim.protocol import wire
     from fusion_shim.transport import Channel
 
     url = f"ipc://{tmp}/worker.sock"

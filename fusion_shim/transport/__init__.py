@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 import zmq
 
-from .. import wire
+from ..protocol import wire
 
 SCHEMES = ("inproc", "ipc", "tcp")
 POLL_SLICE_S = 0.05  # how often a waiting client checks that its worker is still there

@@ -2,7 +2,7 @@
 
 Through a ZeroMQ socket a 64 MiB buffer crosses at 1.3-4 GB/s (shared/LIMITS.md); through a shared
 segment it costs one memcpy on each side. The wire names a buffer instead of carrying it (the
-``shm`` array-meta key, see :mod:`fusion_shim.wire`), and everything else stays as it was: requests
+``shm`` array-meta key, see :mod:`fusion_shim.protocol.wire`), and everything else stays as it was: requests
 and replies, ids, deadlines, validation, the socket lane as the fallback.
 
 Ownership: **the client owns every segment**, inputs and results alike. It knows when a result
@@ -198,7 +198,7 @@ def _view(base: np.ndarray, offset: int, dtype: np.dtype, shape: tuple, order: s
 
 
 def _check_loc(loc: Any) -> tuple[str, int, tuple]:
-    from ..wire import WireError  # the wire's own error: a bad locator is a malformed message
+    from ..protocol.wire import WireError  # the wire's own error: a bad locator is a malformed message
 
     if not isinstance(loc, dict):
         raise WireError("'shm' must be a map")
@@ -402,7 +402,7 @@ class Staged:
     def array(self, loc: Any, dtype: np.dtype, shape: tuple, order: str) -> np.ndarray:
         """A result the worker wrote into one of this request's slots, as a writable array whose
         base is a lease on the segment (wire.decode calls this for metas with ``shm``)."""
-        from ..wire import WireError
+        from ..protocol.wire import WireError
 
         name, offset, _ = _check_loc(loc)
         seg = self.outputs.get(name)
@@ -553,7 +553,7 @@ def exchange(chan: Any, pool: "ShmPool | None", header: dict, items: Sequence[tu
     """One request (``header["id"]``) and its reply. With a ``pool``, inputs that are not references
     go into segments and each declared result is offered a slot; a request that gets no usable
     reply retires its segments. Without one, or when ``/dev/shm`` refuses, the socket carries all."""
-    from .. import wire
+    from ..protocol import wire
 
     rid = header["id"]
     if pool is None:
@@ -618,7 +618,7 @@ class ShmMapper:
         self.stats = {"shm_mapped": 0, "shm_dropped": 0, "shm_swept": 0}
 
     def _get(self, name: str, role: str) -> _Mapping:
-        from ..wire import WireError
+        from ..protocol.wire import WireError
 
         m = self._maps.get(name)
         if m is None:
@@ -637,7 +637,7 @@ class ShmMapper:
 
     def array(self, loc: Any, dtype: np.dtype, shape: tuple, order: str) -> np.ndarray:
         """An input array on a client's segment, read-only (wire.decode calls this)."""
-        from ..wire import WireError
+        from ..protocol.wire import WireError
 
         name, offset, _ = _check_loc(loc)
         m = self._get(name, "i")

@@ -1,6 +1,6 @@
 """The worker: a ZeroMQ ROUTER that answers ``hello`` once warm and ``call`` with a kernel's results.
 
-It imports neither wrapt nor the planner. Every request is validated (:func:`fusion_shim.wire.decode`)
+It imports neither wrapt nor the planner. Every request is validated (:func:`fusion_shim.protocol.wire.decode`)
 before anything is allocated; whatever a request does wrong is answered with an ``error`` reply and
 the loop goes on: a client can make a call fail, never the worker.
 
@@ -43,8 +43,8 @@ import msgpack
 import numpy as np
 import zmq
 
-from .. import wire
-from ..residency import RESIDENT_MIN, fingerprint
+from ..protocol import wire
+from ..protocol.fingerprint import RESIDENT_MIN, fingerprint
 from ..transport import check_url, context, is_loopback, send_frames
 from ..transport import shm as shmlane
 from .store import ResidentStore, default_budget

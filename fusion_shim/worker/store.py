@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from ..residency import canonical
+from ..protocol.fingerprint import canonical
 
 
 class ResidentStore:

@@ -42,7 +42,7 @@ An array meta is a map ``{"dtype": str, "shape": [int, ...], "order": "C" | "F"}
 NumPy dtype string from ``DTYPES`` (native byte order only); the rank is at most ``MAX_NDIM``;
 its buffer frame holds exactly
 ``prod(shape) * itemsize`` bytes laid out in ``order``. Residency (issue 6) adds two optional keys:
-``fp``, the array's content fingerprint (32 hex digits, :func:`fusion_shim.residency.fingerprint`),
+``fp``, the array's content fingerprint (32 hex digits, :func:`fusion_shim.protocol.fingerprint.fingerprint`),
 which in a call asks the worker to keep the array and in a result says the worker kept it; and
 ``ref: true``, in a call only, for an array sent by reference: it has *no* buffer frame and the worker
 uses the copy it holds under ``fp``, or answers ``error`` with kind ``missing`` and ``missing``, the

@@ -1,0 +1,1 @@
+"""What both sides agree on: the wire format (:mod:`.wire`) and content fingerprints (:mod:`.fingerprint`)."""

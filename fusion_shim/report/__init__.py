@@ -13,7 +13,7 @@ JSON schema ``fusion_shim.report/1`` (a map):
   here after a fault or while it was not ready), ``below_floor`` (kept local by the size floor,
   counted only), ``verified`` and ``mismatches`` (checked answers), ``bytes_sent`` and
   ``bytes_received`` (counted at the socket, headers included), ``shm_sent`` and ``shm_received``
-  (buffer bytes that went through shared memory instead, issue 9), ``resident_hits``, ``bytes_saved``,
+  (buffer bytes that went through shared memory instead), ``resident_hits``, ``bytes_saved``,
   ``resends``, ``evictions`` (residency), ``wall_s``, ``phases`` (seconds per
   phase, see ``ledger.PHASES``; ``verify`` is the checks' own time, outside ``wall_s``), ``reasons``;
 - ``operators``: ``intercepted`` (bool: whether ``a @ b``, ``a @= b`` and ``a.dot(b)`` on ndarrays go
@@ -23,7 +23,7 @@ JSON schema ``fusion_shim.report/1`` (a map):
 - ``sites``: per call site (``file:line``): ``op``, ``calls``, ``wall_s``, ``worker``, ``verify_s``;
 - ``summary``: what the table shows, computed (see :func:`summarize`);
 - ``events``: worker lifecycle and pins, ``{"t_s", "what"}``;
-- ``planner`` (policies auto and remote, issue 5): ``explored_calls``, ``explore_spent_s`` (what they
+- ``planner`` (policies auto and remote): ``explored_calls``, ``explore_spent_s`` (what they
   cost over the prediction for the place not taken), ``explorations_abandoned`` (explorations on a
   worker that ran out of their deadline and were computed here), ``intercepted_s``,
   ``explore_fraction`` (the budget), ``model_resets``, ``floors_bytes`` (per op: input bytes below which it stays on the fast
@@ -76,7 +76,7 @@ def build(rt: Any, ledger: Any = None) -> dict[str, Any]:
 
 
 def planner_section(rt: Any) -> dict[str, Any]:
-    """What the decision engine did (issue 5): exploration and its cost, model resets, the floors,
+    """What the decision engine did: exploration and its cost, model resets, the floors,
     every worker with its measured link."""
     p = rt.planner
     return {
@@ -305,7 +305,7 @@ def at_exit(rt: Any, stream: TextIO | None = None) -> None:
 
         write_trace(report, rt.config.trace)
     operators = report["operators"]
-    # a program that only uses `@` must still learn that it was not intercepted (issue 3)
+    # a program that only uses `@` must still learn that it was not intercepted
     unexpected = not operators["intercepted"] and operators["why"] not in ("policy local", "FUSION_SHIM_NATIVE=0")
     if not rt.config.quiet and (report["ops"] or rt.config.report or unexpected):
         print(format_table(report), file=stream or sys.stderr)

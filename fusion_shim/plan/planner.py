@@ -19,7 +19,8 @@ ready worker under the floor's own optimistic test (inputs free where residency 
 device Z_FLOOR sigmas fast), the op's floor rises just past the largest of them, as far as every
 dtype its calls were priced on a worker in has shown; calls of that size then cost one comparison.
 Any refresh from the models (a worker ready or back, a link measured, a calibration, a worker's
-first measurements of an op) drops these raises and evidence is gathered again.
+first measurements of an op) drops these raises and evidence is gathered again. The price: a call
+of the op with fewer input bytes but more work than the hopeless ones stays local unseen.
 """
 from __future__ import annotations
 

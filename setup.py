@@ -2,7 +2,7 @@
 
 - install ``fusion_shim.pth`` at the top of site-packages, so that ``FUSION_SHIM=1 python app.py``
   works for any launch (see fusion_shim/_bootstrap.py);
-- build the optional C extension ``fusion_shim._native`` from ``native/_native.c`` (issue 3: the
+- build the optional C extension ``fusion_shim._native`` from ``native/_native.c`` (the
   trampolines behind ``a @ b``, ``a @= b`` and ``a.dot(b)``). If it cannot be built (no compiler, no
   NumPy headers), the package still installs and works; the shim's report then says that the
   operators are not intercepted.

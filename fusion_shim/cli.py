@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def calibrate_main(argv: list[str]) -> int:
-    """Probe every (family, dtype) now and write the cache the planner reads on first use (issue 5);
+    """Probe every (family, dtype) now and write the cache the planner reads on first use;
     runs would otherwise measure on first use, in the background, and only what they use."""
     if argv:
         print("usage: fusion-shim calibrate", file=sys.stderr)

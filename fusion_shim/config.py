@@ -3,7 +3,7 @@
 Precedence: defaults < ``FUSION_SHIM_*`` environment variables < explicit arguments
 (command-line flags or keyword arguments to :func:`Config.load`). Every variable carries
 the one ``FUSION_SHIM_`` prefix; an unknown ``FUSION_SHIM_*`` name or an invalid value fails
-at start with a message that lists what is valid (issue 2).
+at start with a message that lists what is valid.
 
 ``FUSION_SHIM`` itself (no suffix) only switches the ``.pth`` bootstrap on; it is not a field.
 """
@@ -99,7 +99,7 @@ def _worker_url(name: str, raw: str) -> str | None:
 
 
 def _worker_urls(name: str, raw: str) -> tuple[str, ...]:
-    """Comma-separated worker URLs (issue 5): each decision picks local or one of them."""
+    """Comma-separated worker URLs: each decision picks local or one of them."""
     urls = tuple(u for u in (_worker_url(name, part) for part in raw.split(",")) if u)
     if len(set(urls)) != len(urls):
         raise ConfigError(f"{name}={raw!r} lists a worker twice; valid: distinct URLs separated by commas")
@@ -147,16 +147,16 @@ class Config:
     timeout: float = 60.0         # seconds a remote call may take before it is computed locally
     ready_timeout: float = 120.0  # seconds policy=remote waits for a warming worker before running locally
     min_flops: float = 0.0        # auto: below this estimated work a call never leaves the process;
-    #                               0: only the per-op floors the planner derives from its models (issue 5)
+    #                               0: only the per-op floors the planner derives from its models
     strict: bool = False          # turn every fallback and every mismatch into an error
     verify: float = 0.0           # fraction of worker answers also computed here and compared
     trace: str | None = None      # path for a Chrome-trace (Perfetto) timeline of the run
-    residency: bool = True        # keep inputs and results on the worker, send references (issue 6)
-    shm: str = "auto"             # auto: buffers through shared memory when the worker is on this host (issue 9); 0: never
+    residency: bool = True        # keep inputs and results on the worker, send references
+    shm: str = "auto"             # auto: buffers through shared memory when the worker is on this host; 0: never
     native: bool = True           # the C extension: `@`, `@=`, `.dot` trampolines and the C fast path
-    #                               of wrapped functions (issue 3); 0 turns both off (wrapt only)
+    #                               of wrapped functions; 0 turns both off (wrapt only)
     server_key: str | None = None   # path: the worker's CURVE public key (a worker run with --keys)
-    client_keys: str | None = None  # path: this client's CURVE key pair; both or neither (issue 8)
+    client_keys: str | None = None  # path: this client's CURVE key pair; both or neither
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)

@@ -16,9 +16,8 @@ from typing import Any, Callable
 MAX_RECORDS = 10_000  # full records kept in all
 MAX_PER_SITE = 2_000  # ... and per call site; past it a site is only aggregated (long loops)
 # Production phases in the order a call goes through them. "verify" (a check's local recompute) is
-# kept apart: it is reported on its own line, never inside these (issue 7).
-# "abandoned": an exploration's wait for a worker that ran out of its deadline (issue 5), before the
-# call ran here.
+# kept apart: it is reported on its own line, never inside these.
+# "abandoned": an exploration's wait for a worker that ran out of its deadline, before the call ran here.
 PHASES = ("wait_ready", "link_probe", "fingerprint", "encode", "send", "transfer", "h2d", "kernel", "d2h", "decode",
           "abandoned", "local")
 
@@ -41,13 +40,13 @@ class Record:
     start_s: float = 0.0          # since the run started
     raised: str | None = None     # the exception NumPy raised, if it did
     thread: int = 0               # threading.get_ident() of the calling thread (trace tracks)
-    verify: str | None = None     # "ok" or "mismatch: ..." when the call was checked (issue 7)
+    verify: str | None = None     # "ok" or "mismatch: ..." when the call was checked
     local_measured_s: float | None = None  # NumPy's own time for this call, when a check measured it
-    resident_hits: int = 0        # inputs sent by reference: the worker held them (issue 6)
+    resident_hits: int = 0        # inputs sent by reference: the worker held them
     bytes_saved: int = 0          # ... and their bytes, which did not travel
     resends: int = 0              # references the worker no longer held, resent by value
     evictions: int = 0            # entries the worker dropped from its store during this call
-    shm_sent: int = 0             # input bytes that went through shared memory, not the socket (issue 9)
+    shm_sent: int = 0             # input bytes that went through shared memory, not the socket
     shm_received: int = 0         # ... and result bytes that came back that way
 
 
@@ -79,7 +78,7 @@ class Ledger:
         # fast path without a lock or a lookup (a count, not a record; see intercept)
         self.fast_path: dict[str, list[int]] = defaultdict(lambda: [0])
         self.events: list[tuple[float, str]] = []  # worker lifecycle: started, ready, faults
-        # the same counts kept in C (issue 3: the trampolines and the C fast path): (read, reset),
+        # the same counts kept in C (the trampolines and the C fast path): (read, reset),
         # read() -> {op: calls kept local by the floor}
         self.counters: list[tuple[Callable[[], dict[str, int]], Callable[[], None]]] = []
 

@@ -1,4 +1,4 @@
-"""Checking a worker's answer against NumPy's own (issue 7).
+"""Checking a worker's answer against NumPy's own.
 
 A checked call is computed locally too and the two answers compared: same type, dtype and shape;
 values within a dtype-aware tolerance relative to the answer's magnitude; and, for decompositions
@@ -61,7 +61,7 @@ def _compare(op: str, got: Any, want: Any, inputs: list[np.ndarray]) -> str | No
     if tol == 0.0:
         return None if np.array_equal(g, w) else "integer results differ"
     name = op.rsplit(".", 1)[-1]
-    if name == "eigvals":  # issue 4: an unordered spectrum
+    if name == "eigvals":  # an unordered spectrum
         return _spectrum(g, w, inputs, tol)
     if name == "det":  # rounding moves a determinant by eps times Hadamard's bound, not its own size
         return None if _rel_err(g, w, _hadamard(inputs[0])) <= tol else "determinants differ"
@@ -144,7 +144,7 @@ def _compare_factors(op: str, got: Any, want: Any, inputs: list[np.ndarray]) -> 
         if _rel_err(recon, herm, scale) > tol:
             return "V diag(w) V^H does not reconstruct the input"
         return None
-    if name == "eig":  # issue 4: eigenvalues as a set, A V = V diag(w), eigenvectors up to phase
+    if name == "eig":  # eigenvalues as a set, A V = V diag(w), eigenvectors up to phase
         w, v = got
         problem = _spectrum(w, want[0], inputs, tol)
         if problem:
@@ -163,7 +163,7 @@ def _compare_factors(op: str, got: Any, want: Any, inputs: list[np.ndarray]) -> 
         if _rel_err(q @ r, a, scale) > tol:
             return "Q R does not reconstruct the input"
         return None
-    if name == "lu_factor":  # issue 4: P L U = A (pivots may break ties differently)
+    if name == "lu_factor":  # P L U = A (pivots may break ties differently)
         lu, piv = got
         if lu.ndim != 2:
             return None if all(np.array_equal(g, w) or _rel_err(g, w) <= tol for g, w in zip(got, want)) \
@@ -175,11 +175,11 @@ def _compare_factors(op: str, got: Any, want: Any, inputs: list[np.ndarray]) -> 
             perm[i], perm[p] = perm[p], perm[i]
         recon = (np.tril(lu[:, :k], -1) + np.eye(m, k, dtype=lu.dtype)) @ np.triu(lu[:k, :])
         return None if _rel_err(recon, np.asarray(a, lu.dtype)[perm], scale) <= tol else "P L U != A"
-    if name == "slogdet":  # issue 4: sign * |det| against Hadamard's bound
+    if name == "slogdet":  # sign * |det| against Hadamard's bound
         bound = _hadamard(a)
         det = lambda sg, la: sg * np.exp(np.where(sg != 0, la, 0) - np.log(bound)) * (sg != 0)  # noqa: E731
         return None if _rel_err(det(*got), det(*want), 1.0) <= tol else "determinants differ"
-    if name == "lstsq":  # issue 4: (x, residuals, rank, s); the rank exactly
+    if name == "lstsq":  # (x, residuals, rank, s); the rank exactly
         if not np.array_equal(got[2], want[2]):
             return "ranks differ"
         return None if all(_rel_err(g, w) <= tol for g, w in zip(got[:2] + got[3:], want[:2] + want[3:])) \

@@ -1,6 +1,6 @@
 /*
  * fusion_shim._native: C trampolines for ndarray's `@`, `@=` and `.dot`, and a C fast path for the
- * wrapped module functions (issue 3).
+ * wrapped module functions.
  *
  * ndarray is a static type: Python cannot patch its methods, so `a @ b` never reaches a wrapped
  * np.matmul. This module swaps three C entries of NumPy's own tables for trampolines:
@@ -304,7 +304,7 @@ static PyObject *m_get_floor(PyObject *mod, PyObject *unused)
     return PyLong_FromSsize_t(floor_bytes);
 }
 
-/* set_op_floors((matmul, imatmul, dot)): each operator's own floor (issue 5), used where it is
+/* set_op_floors((matmul, imatmul, dot)): each operator's own floor, used where it is
  * above the published one; (0, 0, 0) leaves the published floor alone. */
 static PyObject *m_set_op_floors(PyObject *mod, PyObject *arg)
 {
@@ -403,7 +403,7 @@ typedef struct {
     PyObject *wrapped;
     PyObject *slow;
     Py_ssize_t below;  /* calls kept local by the floor (the report reads it) */
-    Py_ssize_t floor;  /* this function's own floor (issue 5), used where above the published one */
+    Py_ssize_t floor;  /* this function's own floor, used where above the published one */
 } FastCall;
 
 static PyObject *fastcall_vectorcall(PyObject *op, PyObject *const *args, size_t nargsf, PyObject *kwnames)
@@ -513,7 +513,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef moduledef = {
-    PyModuleDef_HEAD_INIT, "fusion_shim._native", "C trampolines for ndarray @, @= and .dot (issue 3).",
+    PyModuleDef_HEAD_INIT, "fusion_shim._native", "C trampolines for ndarray @, @= and .dot.",
     -1, methods,
 };
 

@@ -1,4 +1,4 @@
-"""The op catalog: one row of data per intercepted function (issue 4: all of numpy.linalg and
+"""The op catalog: one row of data per intercepted function (all of numpy.linalg and
 numpy.fft, the product family, and scipy.linalg / scipy.fft when SciPy is imported).
 
 A row (:class:`OpSpec`) says where the function lives, which of its parameters are arrays, which
@@ -7,7 +7,7 @@ patches it. Its *rule* turns a call into a :class:`Prepared` call or raises :cla
 with the reason the call runs locally (see :mod:`.base`). Adding an op is adding a row, a rule if
 no existing one fits, and a kernel on the worker. Rows live by family in :mod:`.products`,
 :mod:`.linalg`, :mod:`.fft` and :mod:`.scipy`; :mod:`.numba` holds the rows whose kernels are
-written with numba.cuda (issue 9: bincount, convolve, correlate, interp), offered only by a worker
+written with numba.cuda (bincount, convolve, correlate, interp), offered only by a worker
 that can run them.
 
 Every public function of numpy.linalg and numpy.fft is a row or is listed in

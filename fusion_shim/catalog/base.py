@@ -36,7 +36,7 @@ class OpSpec:
     params: tuple[str, ...] = ()  # parameters besides the arrays that the rule understands
     kernel: str = ""            # worker kernel id; defaults to name without "numpy."
     args: tuple[str, ...] = ("a", "b")  # the parameters that carry arrays (in the signature's order)
-    trigger: str = "numpy"      # the module whose import patches this row (issue 4: scipy rows)
+    trigger: str = "numpy"      # the module whose import patches this row ("scipy.linalg", ...)
     # an array parameter holds a list or tuple of arrays (multi_dot's arrays, lu_solve's (lu, piv)):
     # the interceptor's byte floor must look inside it, which only its Python fast path does
     nested: bool = False

@@ -252,11 +252,7 @@ def rule_svd(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
         herm = bool_param(ba.arguments.get("hermitian", False), "hermitian")
     m, n = a.shape[-2:]
     k, batch = min(m, n), a.shape[:-2]
-    # singular values alone: the bidiagonalization's 4mnk runs mostly as matrix-vector products, at a
-    # fraction of the rate of the vectors' matrix-matrix work, so counted with 6k^3 more; measured
-    # square, values alone took 1/2.1-1/2.6 the time of the full svd (NumPy and torch, n 256-1024),
-    # which this gives (10 against 26 n^3), where 4mnk alone said 1/6.5. The planner keeps one rate
-    # per op: the two variants must share it
+    # D110: singular values alone count 4mnk + 6k^3 (the full svd 22k^3): the two variants share one rate
     flops = (4.0 * m * n * k + (22.0 if uv else 6.0) * k**3) * math.prod(batch) * cfactor(t)
     if herm:
         square(a)

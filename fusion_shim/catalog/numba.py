@@ -1,4 +1,4 @@
-"""Rows whose worker kernels are written with numba.cuda (issue 9): functions torch has no faithful
+"""Rows whose worker kernels are written with numba.cuda: functions torch has no faithful
 match for. ``torch.bincount`` differs from NumPy in dtypes and weights; ``conv1d`` is a
 cross-correlation with its own padding rules, no complex conjugation and no integer accumulation;
 torch has no ``interp``. Each kernel (``fusion_shim/worker/numba_kernels.py``) follows NumPy's own

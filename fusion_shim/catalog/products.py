@@ -87,7 +87,7 @@ def rule_dot(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
 
 
 def rule_imatmul(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
-    """``a @= b`` (issue 3). NumPy computes ``matmul(a, b, out=a)`` with ``axes=`` that forbid
+    """``a @= b``. NumPy computes ``matmul(a, b, out=a)`` with ``axes=`` that forbid
     changing a's shape: b needs two dimensions at least and the product must have exactly a's
     shape; its dtype must be a's (NumPy would cast, or refuse, otherwise: left to NumPy)."""
     a, b = array_arg(ba.arguments["x1"], "x1"), array_arg(ba.arguments["x2"], "x2")
@@ -400,10 +400,10 @@ ROWS: tuple[OpSpec, ...] = (
            args=("arrays",), nested=True),
 )
 
-# The ndarray operators and method the C trampolines route here (issue 3; fusion_shim/intercept/
-# native.py). Not patched by attribute: ``attr`` only names them. Their signatures are the ones the
-# trampolines call with: ``a @ b`` is np.matmul, ``a.dot(b, out=None)`` is np.dot, ``a @= b`` is
-# matmul into a. Indexed by the trampolines' kind: 0 ``@``, 1 ``@=``, 2 ``.dot``.
+# The ndarray operators and method the C trampolines route here (fusion_shim/intercept/native.py).
+# Not patched by attribute: ``attr`` only names them. Their signatures are the ones the trampolines
+# call with: ``a @ b`` is np.matmul, ``a.dot(b, out=None)`` is np.dot, ``a @= b`` is matmul into a.
+# Indexed by the trampolines' kind: 0 ``@``, 1 ``@=``, 2 ``.dot``.
 _P = inspect.Parameter
 OPERATORS: tuple[OpSpec, ...] = (
     OpSpec("numpy.ndarray.__matmul__", "numpy", "ndarray.__matmul__", "products", rule_matmul, ("out",),

@@ -1,4 +1,4 @@
-"""Where a call runs, and why (issue 5).
+"""Where a call runs, and why.
 
 - :mod:`.model`: cost models. Local compute time per op, dtype and size (calibration curves plus
   every measured call, bucketed by work); each worker's device (its self-benchmark, then its

@@ -1,20 +1,17 @@
-"""Local calibration (issue 5): short NumPy probes per (family, dtype), cached per host and build.
+"""Local calibration: short NumPy probes per (family, dtype), cached per host and build.
 
 A probe set is run on first use of a (family, dtype), in a background thread the runtime starts (never
 on the program's critical path): a few sizes of the family's representative op (matmul, solve,
-fft/rfft), best of three timed runs after one warm-up, about 10-50 ms per dtype on the development
-machine. The points become the local RateModel's curve for that family and dtype.
+fft/rfft), best of three timed runs after one warm-up, some tens of milliseconds per dtype. The
+points become the local RateModel's curve for that family and dtype.
 
-A probe must not share the CPUs with anything: beside the program's own BLAS calls, or a worker on
-the same host, it measures them, not this machine (on the 2-core development machine a 192x192
-matmul took 16 ms instead of 0.16 ms while another process ran BLAS, and one such probe set, 0.9
-GFLOP/s at 14 MFLOP, went into the cache for a week), and it slows the program down (a probe
-retried beside a program's decompositions cost it a quarter of its run). So a timed run starts only
-when the rest of this process has been idle for a moment (its other threads' CPU time over a few
-milliseconds, ``BUSY_SHARE``), and counts only when the probing thread was on a CPU for most of it
-(its CPU time over its wall time, ``CLEAN_CPU_SHARE``: another process). Otherwise it waits and
-tries again; a point with no clean run in ``ATTEMPTS`` makes the whole probe :class:`Contended`:
-nothing is cached, and the program's own calls teach the model instead.
+A probe must not share the CPUs with anything (D99): beside the program's own BLAS calls, or a
+worker on the same host, it measures them, not the host, and it slows the program down. So a timed
+run starts only when the rest of this process has been idle for a moment (its other threads' CPU
+time over a few milliseconds, ``BUSY_SHARE``), and counts only when the probing thread was on a CPU
+for most of it (its CPU time over its wall time, ``CLEAN_CPU_SHARE``: another process). Otherwise it
+waits and tries again; a point with no clean run in ``ATTEMPTS`` makes the whole probe
+:class:`Contended`: nothing is cached, and the program's own calls teach the model instead.
 
 The cache lives in ``$XDG_CACHE_HOME/fusion_shim`` (``~/.cache/fusion_shim`` by default), one file
 per *build key*: host name, CPU model, the CPUs this process may run on, NumPy's version and BLAS,
@@ -46,9 +43,7 @@ THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BL
 # work per element, so they stop one size earlier
 FLOAT_DTYPES = ("f4", "f8", "c8", "c16")
 SIZES = {"products": (64, 192, 512), "linalg": (64, 192, 448), "fft": (1 << 10, 1 << 14, 1 << 18)}
-# a timed run is clean when the probing thread ran for this share of its wall time (measured here:
-# 0.99-1.00 alone, BLAS's calling thread included; 0.44-0.61 with another process running BLAS)
-CLEAN_CPU_SHARE = 0.8
+CLEAN_CPU_SHARE = 0.8      # D99: a timed run is clean when the probing thread ran this share of its wall time
 BUSY_SHARE = 0.25          # this process's other threads busier than this (CPUs' worth): the program is computing
 BUSY_WINDOW_S = 0.005      # ... over this long, just before a timed run
 ATTEMPTS = 8               # tries per point, at most, to get ``repeat`` clean timed runs
@@ -164,12 +159,8 @@ def probe(family: str, dtype: str, others: Callable[[], float] | None = None) ->
     return points
 
 
-# Held while a probe computes. A fork waits for it: OpenBLAS forked while another thread is inside
-# one of its calls leaves the child's BLAS waiting on threads that are not there (a program's
-# multiprocessing child spun in an svd for good, its parent forked beside a probe on the shim's
-# background thread; NumPy alone does the same with any thread of its own computing at the fork).
-# A fork waits at most FORK_WAIT_S (a probe's point takes milliseconds; a wedged one must not wedge
-# the program's fork too).
+# Held while a probe computes. D100: a fork waits for it, at most FORK_WAIT_S (OpenBLAS forked
+# mid-call in another thread leaves the child's BLAS waiting on threads that are not there).
 _computing = threading.Lock()
 _held_for_fork = False
 FORK_WAIT_S = 5.0

@@ -1,4 +1,4 @@
-"""Cost models (issue 5): how long a call takes here, on a worker's device, and on the link between.
+"""Cost models: how long a call takes here, on a worker's device, and on the link between.
 
 A :class:`RateModel` predicts one place's compute time for an op, dtype and amount of work. It holds
 two layers:
@@ -14,9 +14,8 @@ two layers:
 
 A worker's device also has an *op curve* for each op it timed on its own (the decompositions, in
 its self-benchmark): read before the family's curve, as that op's offset from it. And a *drift*:
-how far the first call of each op and size on it came out from the curve it was predicted off (a
-CPU worker beside a program using BLAS on the same cores ran its kernels at half its benchmarked
-speed), added to every prediction read off a curve; an op's own measured calls are unaffected.
+how far the first call of each op and size on it came out from the curve it was predicted off
+(D83), added to every prediction read off a curve; an op's own measured calls are unaffected.
 
 Every prediction comes with ``sigma``, the uncertainty of its log: large for a prior, smaller for
 a calibration curve, shrinking as 1/sqrt(samples) once a bucket has measurements. The policy turns
@@ -44,22 +43,16 @@ FAMILIES = ("products", "linalg", "fft")
 REPRESENTATIVE = {"numpy.matmul": "products", "numpy.dot": "products", "numpy.tensordot": "products",
                   "numpy.linalg.solve": "linalg", "numpy.fft.fft": "fft", "numpy.fft.ifft": "fft",
                   "numpy.fft.rfft": "fft", "numpy.fft.irfft": "fft",
-                  # the operators (issue 3) and the same kernels under other names
+                  # the ndarray operators and the same kernels under other names
                   "numpy.ndarray.__matmul__": "products", "numpy.ndarray.__imatmul__": "products",
                   "numpy.ndarray.dot": "products", "numpy.linalg.matmul": "products",
                   "scipy.linalg.solve": "linalg", "scipy.fft.fft": "fft", "scipy.fft.ifft": "fft",
                   "scipy.fft.rfft": "fft", "scipy.fft.irfft": "fft"}
-# The same kernel under other names: until an op has measured calls of its own, the nearest measured
-# bucket of another op of its group stands in for them (as one of its own buckets a few sizes away
-# would). Without a calibration curve (a cold start) a program's first np.dot of two 2-D arrays was
-# priced off the static prior, trusted at 2 sigma, right after an np.matmul of the same size and dtype
-# had been measured: on the client held to one core, a 170 ms product computed here, where the worker
-# took 105. (np.dot of arrays past 2-D is another loop; its first call is priced as a matmul of its
-# work, and measures its own from then on.)
+# D81: until an op has measured calls, the nearest bucket of another name for its kernel stands in
 SAME_KERNEL = {op: "gemm" for op in ("numpy.matmul", "numpy.dot", "numpy.ndarray.__matmul__",
                                      "numpy.ndarray.__imatmul__", "numpy.ndarray.dot", "numpy.linalg.matmul")}
 SAME_KERNEL.update({op: "c2c-fft" for op in ("numpy.fft.fft", "numpy.fft.ifft")})
-# Until calibrated: float64 GFLOP/s on the 2-core development machine (shared/LIMITS.md)
+# D80: float64 GFLOP/s until calibrated, set below the measured local rates
 PRIOR_GFLOPS = {"products": 50.0, "linalg": 10.0, "fft": 3.0}
 DTYPE_SPEED = {"f4": 2.0, "c8": 2.0, "f8": 1.0, "c16": 1.0}  # relative to f8; anything else 0.1
 
@@ -134,10 +127,8 @@ class RateModel:
         self.op_curves: dict[tuple[str, str], list[tuple[float, float]]] = {}  # (op, dtype) -> the same, one op's own
         self.buckets: dict[tuple[str, str], dict[int, Stat]] = {}           # (op, dtype) -> bucket -> Stat
         self.resets = 0
-        # How this place's real calls compare with its measured curves (a worker's self-benchmark ran
-        # with the machine to itself; beside a program using BLAS on the same cores its kernels took
-        # twice as long): the mean log ratio over the first call of each op and size, added to every
-        # prediction read off a curve. Predictions from an op's own measured calls are unaffected.
+        # D83: the mean log ratio of the first call of each op and size to its curve, added to every
+        # prediction read off a curve (not to those from an op's own measured calls)
         self.learn_drift = learn_drift
         self.drift = 0.0
         self.drift_n = 0
@@ -204,9 +195,7 @@ class RateModel:
         if own is not None:
             if curve is None:
                 return _interp(own, lf), SIGMA_CURVE + _beyond(own, lf), True
-            # the op's offset from its family's curve where it was timed (one or two sizes), the curve's
-            # shape elsewhere: a rate held flat past the size timed priced a qr of 768 on a CPU worker
-            # at the rate of one of 384
+            # D82: the op's offset from its family's curve where it was timed, the curve's shape elsewhere
             offsets = [(x, y - _interp(curve, x)) for x, y in own]
             return (_interp(curve, lf) + _interp(offsets, lf),
                     SIGMA_CURVE + _beyond(curve, lf) + _beyond(own, lf) / 2, True)

@@ -1,4 +1,4 @@
-"""The planner's state between calls (issue 5): the profile, the exploration budget, calibration on
+"""The planner's state between calls: the profile, the exploration budget, calibration on
 first use, and the per-op floors the interceptor reads.
 
 The runtime owns one Planner. It calls :meth:`Planner.decide` on the application's thread (a few
@@ -6,26 +6,21 @@ microseconds: dictionary reads and arithmetic), :meth:`observed_local` / :meth:`
 after each call it recorded, and :meth:`worker_ready` / :meth:`worker_down` from its link threads.
 Work that takes milliseconds (calibration probes, recomputing every op's floor) runs only on the
 background thread the runtime provides (``background``), never on the application's critical
-path; one op's floor after its first measurements here is 0.1 ms of arithmetic, done inline.
+path; one op's floor after its first measurements here is recomputed inline (D98).
 
 Exploration budget: ``EXPLORE_FRACTION`` of the intercepted time recorded so far, minus what
 explored calls cost over the prediction for the place not taken. An exploration on a worker that
-does not compute on this machine's CPUs is abandoned (computed here, the late reply dropped) once it
-has taken the local prediction plus what is left of the budget (:meth:`Planner.explore_deadline`):
-its cost is bounded, not only predicted. (On one that does, the abandoned call would go on competing
-with the local one: there it is waited for; the runtime decides.)
+does not share the client's CPUs is abandoned (computed here, the late reply dropped) once it has
+taken the local prediction plus what is left of the budget (:meth:`Planner.explore_deadline`, D94);
+on one that does, it is waited for (the runtime decides).
 
-Floors from evidence: the models' floor is the smallest work of an op's *densest* shape that could
-win, and models extrapolate (a CPU worker as fast as this machine "could win" at most sizes once its
-device is priced 1.5 sigma optimistic). Every call above its floor takes the slow path, which after a
-BLAS call has emptied the caches costs 0.2-0.3 ms (40 us warm): 3% of a 10 ms matmul, on each call.
-So when ``HOPELESS_CALLS`` of an op's calls could not have won on any ready worker under the floor's
-own optimistic test (inputs free where residency may keep them, the device Z_FLOOR sigmas fast), the
-op's floor rises just past the largest of them (as far as every dtype the op's calls were priced
-on a worker in has shown: the floor is one number per op); calls of that size then cost one comparison. Any
-refresh from the models (a worker ready or back, a link measured, a calibration, a worker's first
-measurements of an op) drops these raises and evidence is gathered again. The price: a call of the
-op with fewer input bytes but more work than the hopeless ones (a denser shape) stays local unseen.
+Floors from evidence (D95, D96): when ``HOPELESS_CALLS`` of an op's calls could not have won on any
+ready worker under the floor's own optimistic test (inputs free where residency may keep them, the
+device Z_FLOOR sigmas fast), the op's floor rises just past the largest of them, as far as every
+dtype its calls were priced on a worker in has shown; calls of that size then cost one comparison.
+Any refresh from the models (a worker ready or back, a link measured, a calibration, a worker's
+first measurements of an op) drops these raises and evidence is gathered again. The price: a call
+of the op with fewer input bytes but more work than the hopeless ones stays local unseen.
 """
 from __future__ import annotations
 
@@ -46,11 +41,7 @@ FLOORS_AFTER_SAMPLES = 2  # the floors are recomputed after each of an op's firs
 FLOOR_BYTES = 64 * 1024  # the floor where no model makes one (policy local: larger calls are recorded)
 MAX_SEEDED_OPS = 64  # of a worker's self-benchmarked ops, at most this many are read
 HOPELESS_CALLS = 2  # an op's calls that could not win anywhere, even optimistically, before its floor rises past them
-# residency_decides: a call that stays here has its inputs looked at (fingerprinted) for the evidence
-# only where the slow path it would keep paying (0.2-0.3 ms) is at least ~5% of its time, where the
-# look costs no more than about one slow path (xxh3 ~30 GB/s from DRAM: a 32 MB matrix-vector
-# product's inputs took 1.2 ms to hash against its 1.5 ms of work), and for at most LOOK_CALLS calls
-# of an op between refreshes (inputs the program keeps reusing leave it undecided)
+# D97: residency_decides looks at a kept call's inputs only where the look costs about one slow path
 LOOK_MAX_S = 5e-3
 LOOK_MAX_BYTES = 8 << 20
 LOOK_CALLS = 4
@@ -100,10 +91,8 @@ class Planner:
         self.raised: dict[str, int] = {}     # op -> the floor the evidence gave it (reported)
         self.raises = 0
         # set under auto until a worker is first ready (the runtime also holds it while it defers an
-        # embedded CPU worker): every floor is NEVER, so that nothing reaches the slow path while
-        # nothing can leave the process. A CPU worker forced at install warms longer than a short
-        # program runs; the calls that took the slow path meanwhile only to be computed here cost
-        # 4-7% of such a program (2-core development machine, paired runs)
+        # embedded CPU worker): D90: every floor is NEVER, so that nothing reaches the slow path
+        # while nothing can leave the process
         self.held = policy == "auto"
         self._computed: set[str] = set()  # ops whose floor the models have produced (floor_bytes: their minimum)
         self._model_floors: dict[str, dict[str, int]] = {}  # op -> dtype -> the models' floor (the op's: the least)
@@ -112,15 +101,14 @@ class Planner:
         start = 0 if policy == "remote" else NEVER if self.held else FLOOR_BYTES
         self.floor_cells: dict[str, list[int]] = defaultdict(lambda: [start])
         self.floor_bytes = start
-        # set by the runtime once residency (issue 6) can keep inputs on a worker: the floors then
+        # set by the runtime once residency can keep inputs on a worker: the floors then
         # assume inputs may already be there, so only the result's way back is certain
         self.inputs_may_be_resident = False
-        # set by the runtime: whether a worker computing on this machine's CPUs has a call of ours
-        # in flight. The program then waits, idle, and a calibration probe would take the CPUs from
-        # the worker's kernel (held to one core, a client's probe made a worker's 29 ms solve take 426)
+        # D91: set by the runtime: whether a worker computing on the client's CPUs has a call of ours
+        # in flight (no calibration probe then)
         self.worker_busy: Callable[[], bool] = lambda: False
         # called after each refresh with the smallest floor and the ops refreshed: the C fast path
-        # holds the smallest, and each op's own (issue 3)
+        # holds the smallest, and each op's own
         self.on_floors: Callable[[int, Any], None] | None = None
 
     # -- on the application's thread ------------------------------------------------------------
@@ -144,8 +132,7 @@ class Planner:
     def link_could_matter(self, call: Call, workers: Sequence[WorkerState]) -> bool:
         """Whether measuring the links could change where ``call`` goes: with every link free (its
         bytes moved in no time) a worker would get it or explore it. Where even that keeps it here,
-        a link's bulk probe is spent for nothing (beside a 0.35 s program on a same-host worker it
-        cost 4-8% of the run, and read a third of the link's bandwidth)."""
+        a link's bulk probe is spent for nothing (D93)."""
         try:
             budget = self.explore_fraction * self.intercepted_s - self.explore_spent_s
             return decide(self.policy, call, self.profile, workers, budget, self.min_flops,
@@ -208,9 +195,8 @@ class Planner:
 
     def explore_deadline(self, decision: Decision) -> float:
         """How long an exploration on a worker may take before it is abandoned and computed here: the
-        local prediction plus what is left of the budget. Its price was checked against the budget
-        when it was chosen, but that price is a prediction (one predicted at 3 ms took 115 ms, a
-        third of a short program). So its cost is bounded."""
+        local prediction plus what is left of the budget: its predicted price was checked, its
+        cost is bounded (D94)."""
         with self.lock:
             left = self.explore_fraction * self.intercepted_s - self.explore_spent_s
         return (decision.local_s or 0.0) + max(left, 0.0)
@@ -229,7 +215,7 @@ class Planner:
     @_never_raises
     def timed_out(self, worker: int, call: Call, seconds: float) -> None:
         """A call on ``worker`` ran out of its deadline after ``seconds``: it takes at least that long
-        there, so the next prediction for it moves up (issue 8's deadlines follow predictions)."""
+        there, so the next prediction for it moves up (call deadlines follow predictions)."""
         with self.lock:
             self.profile.workers[worker].device.observe(call.op, call.family, call.dtype, call.flops, seconds,
                                                         force=True)
@@ -306,11 +292,8 @@ class Planner:
             self.ready.discard(worker)
 
     # -- calibration on first use, in the background ----------------------------------------------
-    # A cached curve is read at first use. Probes cost CPU the program may want (on a 2-core machine
-    # they slowed short programs by 10-30%), so they run only where they can change a decision: a
-    # ready worker was predicted faster for a call of that (family, dtype), but not by the margin,
-    # and the program's own calls have not measured it yet. Elsewhere the margin already decides, and
-    # every local call is measured anyway (issue 5: calibration never on the critical path).
+    # D92: a cached curve is read at first use; a probe runs only where it can change a decision (a
+    # ready worker predicted faster, not by the margin, and no calls of the program's own measured it)
     def _want(self, key: tuple[str, str]) -> None:
         with self.lock:
             if key in self._wanted:
@@ -351,8 +334,7 @@ class Planner:
     def _calibrate_queue(self, force: bool = False) -> None:
         try:
             if not force:
-                # a probe costs CPU the program may want (on 2 cores, 10-30% of a short program);
-                # a program that keeps calling the family measures it for free within a few calls
+                # D92: a program that keeps calling the family measures it for free meanwhile
                 time.sleep(PROBE_DEFER_S)
             measured = False
             while True:
@@ -396,10 +378,8 @@ class Planner:
     # -- the floors ---------------------------------------------------------------------------------
     def _refresh_floor(self, op: str, family: str, dtype: str) -> None:
         """One op's floor, after one of its first measurements here, in ``dtype``: that dtype's bound
-        alone is recomputed (0.06-0.3 ms of arithmetic, up to ten times in a short program; the
-        four dtypes' took about 4x that on a synthetic profile), done inline (a thread per refresh
-        cost a short program more: starting one waits for the GIL while BLAS holds both cores).
-        Nothing before a worker is ready: its readiness refreshes every floor."""
+        alone is recomputed, inline (D98). Nothing before a worker is ready: its readiness
+        refreshes every floor."""
         if self.policy != "auto" or self.held or dtype not in FLOOR_DTYPES:
             return  # (a floor is the least over FLOOR_DTYPES: another dtype's measurement moves none)
         with self.lock:
@@ -438,9 +418,7 @@ class Planner:
         the op's HOPELESS_CALLS-th such since the last refresh, the op's floor rises past it. Its
         inputs are priced as the runtime found them (``inputs_up``: none for those a worker holds,
         the smallest share of their upload for those reused here, the rest in full); where it did
-        not look, as the floor has them: possibly all resident. A norm of each step's fresh 3 MB
-        block could win only were that block already on the worker: it never counted, and each of
-        its calls paid the slow path (0.2-0.3 ms beside its 0.4 ms of work)."""
+        not look, as the floor has them: possibly all resident (D97)."""
         if self.policy != "auto":
             return
         with self.lock:
@@ -457,8 +435,7 @@ class Planner:
                 return
             past = self._hopeless_past.setdefault(call.op, {})
             past[call.dtype] = max(past.get(call.dtype, 0), call.bytes_in + 1)
-            # one floor per op: it rises only as far as every dtype a worker was priced for has shown hopeless
-            # (a slow-client run's float64 products raised @'s past its float32 ones, which paid there)
+            # D96: one floor per op: it rises only as far as every dtype a worker was priced for has shown hopeless
             value = min(past.get(dtype, 0) for dtype in self._dtypes[call.op] | {call.dtype})
             if value <= cell[0]:
                 return

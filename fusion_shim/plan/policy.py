@@ -4,10 +4,10 @@ Policies: ``local`` never offloads; ``remote`` offloads every supported call to 
 measurement); ``auto`` (the default) offloads when the predicted time on a worker, with a safety
 margin, beats the predicted time here.
 
-What ``auto`` prices, per candidate worker (issue 5):
+What ``auto`` prices, per candidate worker:
 
 - only the input bytes that worker does not already hold (``WorkerState.bytes_in``; the residency
-  mirror answers it, issue 6) going up, and the result's bytes coming back, over its link model;
+  mirror answers it) going up, and the result's bytes coming back, over its link model;
   an input this process keeps passing to calls counts by its share of an upload that will serve
   them all (``WorkerState.reused``; residency.Reuse);
 - its device's compute time for the op, dtype and work;
@@ -32,24 +32,13 @@ from typing import Sequence
 from .model import SIGMA_PRIOR, Profile
 
 Z = 1.0                  # margin in sigmas of the difference of the two predictions' logs
-Z_PRIOR = 2.0            # the same where one side is only a static prior (no curve, no sample): a
-#                          prior is trusted at 2 sigma (the linalg prior read eigh 3.5x slow here,
-#                          and at 1 sigma every decomposition's first calls went to a CPU worker)
+Z_PRIOR = 2.0            # D84: the same where one side is only a static prior (no curve, no sample)
 Z_EXPLORE = 2.0          # "could plausibly win": optimistic by this many sigmas
-Z_EXPLORE_COST = 1.0     # what an exploration could cost: pessimistic by this many sigmas (the budget
-#                          is charged what it did cost, so a worse one only delays the next; at 2 the
-#                          client held to one core never explored the worker that was twice as fast)
-SIGMA_SHARED_CPUS = 1.0  # added to the margin of an op not yet run there (before any call measured its
-#                          drift) on a worker that computes on CPUs the program's multi-threaded BLAS
-#                          uses: right after a BLAS call (its helper threads still spinning) such a
-#                          worker's kernel took 1-30x its idle time (2-core development machine: eigh
-#                          200 3-107 ms, svd 512 28-795 ms), and abandoning it there would only make the
-#                          local call compete with it
-SIGMA_SHARED_CPUS_EXPLORE = math.log(30.0)  # added to what an exploration could cost on such a worker:
-#                          that worst case, for it is waited for. At 1.0 (2.7x) an eigh 200 explored there
-#                          at a predicted 2.6 ms took 108 ms (kernel 105), 8% of a 1.3 s mix run; the
-#                          budget then paid for it, but only after. (A worker with CPUs or a GPU of its
-#                          own is not contended: its explorations are abandoned at their deadline.)
+Z_EXPLORE_COST = 1.0     # D85: what an exploration could cost, pessimistic by this many sigmas
+# D86: added to the margin of an op not yet run (drift unmeasured) on a worker sharing the BLAS's CPUs
+SIGMA_SHARED_CPUS = 1.0
+# D87: an exploration on a contended worker is waited for: priced at its worst seen (30x)
+SIGMA_SHARED_CPUS_EXPLORE = math.log(30.0)
 MIN_LOG_MARGIN = 0.02    # never offload on a predicted gain under 2%
 EXPLORE_SAMPLES = 2      # a place with fewer samples than this for the call's size may be explored
 CANDIDATE_STATES = ("ready", "busy")
@@ -130,12 +119,8 @@ def decide(policy: str, call: Call, profile: Profile, workers: Sequence[WorkerSt
         return Decision("worker", "policy remote", local_s, remote_s, best, False, sigma_l, sigma_r)
     if call.flops < min_flops:
         return Decision("local", f"below the floor: {call.flops:.3g} flops < {min_flops:.3g}")
-    # a worker computing on the CPUs the program's BLAS threads use: until it has run anything beside
-    # the program (its drift from its benchmark, model.RateModel.drift, unknown) and this op has not
-    # run there, its time is read off a benchmark it ran with the machine to itself, and beside the
-    # program its kernels took 1-30x that (an svd 512 benchmarked at 23 ms took 117 ms): as uncertain
-    # as it is to explore, it is as uncertain to offload. Once one call has measured the drift, the
-    # curves follow it (held for every op, this margin cost fft_heavy the FFTs that pay there)
+    # D86: on a contended worker an op not yet run there, before its drift is measured, is as
+    # uncertain to offload as to explore
     shared = workers[best].contended and n_r < EXPLORE_SAMPLES and not profile.workers[best].device.drift_n
     spread = math.hypot(sigma_l, math.hypot(sigma_r, SIGMA_SHARED_CPUS) if shared else sigma_r)
     z = Z_PRIOR if max(sigma_l, sigma_r) >= SIGMA_PRIOR else Z
@@ -150,11 +135,8 @@ def decide(policy: str, call: Call, profile: Profile, workers: Sequence[WorkerSt
                   if workers[best].reused else "")
         return Decision("worker", f"predicted {_ms(remote_s)}{where} < {_ms(local_s)} here (margin x{margin:.2f})"
                         f"{invest}", local_s, remote_s, best, False, sigma_l, sigma_r)
-    # exploration: the slower-looking place, when it could win and its price fits the budget; never
-    # over a link not yet measured (its prior can be off by far more than its sigma says: on an
-    # emulated 1 Gbit/s link one such exploration cost a third of a short program), nor against a
-    # local side known only by its prior: the call runs here and measures it first (explorations are
-    # charged against the local prediction; a pessimistic prior made twelve of them look free)
+    # exploration: the slower-looking place, when it could win and its price fits the budget; D88:
+    # never over a link not yet measured, nor against a local side known only by its prior
     cost_sigma = math.hypot(sigma_r, SIGMA_SHARED_CPUS_EXPLORE) if workers[best].contended else sigma_r
     if (n_r < EXPLORE_SAMPLES and (link_free or profile.workers[best].link.measured) and sigma_l < SIGMA_PRIOR
             and remote_s * math.exp(-Z_EXPLORE * sigma_r) < local_s
@@ -201,8 +183,7 @@ def _could_win(profile: Profile, remotes: Sequence[tuple], op: str, family: str,
                up: int, down: int) -> bool:
     """Whether a call of this work could beat its local prediction on one of ``remotes`` ((link, device)
     pairs; a None device: infinitely fast) with each device Z_FLOOR sigmas faster than predicted."""
-    # the local side as predicted: a pessimistic local prior (sigma 1) put the floors of small
-    # FFTs at 3 kB, and the slow path's 20-50 us on every such call cost more than it could win
+    # D89: the local side as predicted, not pessimistically
     here, _, _ = profile.local.predict(op, family, dtype, flops)
     for link, device in remotes:
         there = link.predict(up, down)
@@ -230,7 +211,7 @@ def floors(profile: Profile, workers: Sequence[int] | None, inputs_free: bool = 
     even with the worker's device Z_FLOOR sigmas faster than predicted. With
     ``workers`` None (none ready yet) the link is the prior one and the worker's device infinitely
     fast: the smallest work that could win anywhere plausible. ``inputs_free``: inputs may already
-    be resident on a worker (issue 6), so they are not priced; the result's way back still is."""
+    be resident on a worker, so they are not priced; the result's way back still is."""
     return {op: min(by.values(), default=NEVER)
             for op, by in floors_by_dtype(profile, workers, inputs_free, ops).items()}
 

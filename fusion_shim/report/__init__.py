@@ -13,7 +13,7 @@ JSON schema ``fusion_shim.report/1`` (a map):
   here after a fault or while it was not ready), ``below_floor`` (kept local by the size floor,
   counted only), ``verified`` and ``mismatches`` (checked answers), ``bytes_sent`` and
   ``bytes_received`` (counted at the socket, headers included), ``shm_sent`` and ``shm_received``
-  (buffer bytes that went through shared memory instead, issue 9), ``resident_hits``, ``bytes_saved``,
+  (buffer bytes that went through shared memory instead), ``resident_hits``, ``bytes_saved``,
   ``resends``, ``evictions`` (residency), ``wall_s``, ``phases`` (seconds per
   phase, see ``ledger.PHASES``; ``verify`` is the checks' own time, outside ``wall_s``), ``reasons``;
 - ``operators``: ``intercepted`` (bool: whether ``a @ b``, ``a @= b`` and ``a.dot(b)`` on ndarrays go
@@ -23,7 +23,7 @@ JSON schema ``fusion_shim.report/1`` (a map):
 - ``sites``: per call site (``file:line``): ``op``, ``calls``, ``wall_s``, ``worker``, ``verify_s``;
 - ``summary``: what the table shows, computed (see :func:`summarize`);
 - ``events``: worker lifecycle and pins, ``{"t_s", "what"}``;
-- ``planner`` (policies auto and remote, issue 5): ``explored_calls``, ``explore_spent_s`` (what they
+- ``planner`` (policies auto and remote): ``explored_calls``, ``explore_spent_s`` (what they
   cost over the prediction for the place not taken), ``explorations_abandoned`` (explorations on a
   worker that ran out of their deadline and were computed here), ``intercepted_s``,
   ``explore_fraction`` (the budget), ``model_resets``, ``floors_bytes`` (per op: input bytes below which it stays on the fast
@@ -76,7 +76,7 @@ def build(rt: Any, ledger: Any = None) -> dict[str, Any]:
 
 
 def planner_section(rt: Any) -> dict[str, Any]:
-    """What the decision engine did (issue 5): exploration and its cost, model resets, the floors,
+    """What the decision engine did: exploration and its cost, model resets, the floors,
     every worker with its measured link."""
     p = rt.planner
     return {
@@ -169,7 +169,32 @@ def _signed(s: float) -> str:
 
 
 def format_table(report: dict[str, Any]) -> str:
-    lines = []
+    """The summary printed at exit: who ran where, the per-op table, the totals, the planner, the events."""
+    lines = [_title(report)]
+    operators = report.get("operators") or {}
+    if operators and not operators.get("intercepted") and operators.get("why") != "policy local":
+        lines.append(f"  operators @, @=, .dot: not intercepted ({operators.get('why')})")
+    ops = report["ops"]
+    if not ops:
+        lines.append("  no intercepted calls")
+        return "\n".join(lines)
+    w = report.get("worker")
+    if report["policy"] == "auto" and w is not None and any(o.get("below_floor") for o in ops.values()):
+        # every floor is NEVER until a worker is first ready (plan.Planner.held)
+        before = (f"in the first {w['ready_after_s']:.2f}s, before the worker was ready,"
+                  if w.get("ready_after_s") is not None else "with no worker ready,")
+        lines.append(f"  calls {before} ran here at one comparison each (counted under <floor)")
+    sm = report.get("summary") or summarize(report)
+    checks = any(o.get("verified") for o in ops.values())
+    lines += _op_table(ops, checks)
+    lines += _totals(sm, checks)
+    lines += _planner_lines(report.get("planner"))
+    lines += _sites_and_reasons(sm, ops)
+    lines.extend(f"  [{ev['t_s']:7.2f}s] {ev['what']}" for ev in report["events"])
+    return "\n".join(lines)
+
+
+def _title(report: dict[str, Any]) -> str:
     w = report.get("worker")
     if w is None:
         where = "no worker"
@@ -180,23 +205,13 @@ def format_table(report: dict[str, Any]) -> str:
         where = f"worker {w['url']} ({info.get('device', '?')}, {ready})"
         if w.get("state") == "deferred":
             where = "embedded worker deferred (no GPU on this host)"
-    lines.append(f"fusion_shim report · pid {report['pid']} · policy {report['policy']} · {where} · "
-                 f"wall {report['wall_s']:.2f}s")
-    operators = report.get("operators") or {}
-    if operators and not operators.get("intercepted") and operators.get("why") != "policy local":
-        lines.append(f"  operators @, @=, .dot: not intercepted ({operators.get('why')})")
-    ops = report["ops"]
-    if not ops:
-        lines.append("  no intercepted calls")
-        return "\n".join(lines)
-    if report["policy"] == "auto" and w is not None and any(o.get("below_floor") for o in ops.values()):
-        # issue 5: every floor is NEVER until a worker is first ready (plan.Planner.held)
-        before = (f"in the first {w['ready_after_s']:.2f}s, before the worker was ready,"
-                  if w.get("ready_after_s") is not None else "with no worker ready,")
-        lines.append(f"  calls {before} ran here at one comparison each (counted under <floor)")
-    sm = report.get("summary") or summarize(report)
+    return (f"fusion_shim report · pid {report['pid']} · policy {report['policy']} · {where} · "
+            f"wall {report['wall_s']:.2f}s")
+
+
+def _op_table(ops: dict[str, Any], checks: bool) -> list[str]:
+    """One row per op: its calls by outcome, its bytes and its time per phase (phases seen only)."""
     phases = [p for p in PHASES if any(o["phases"].get(p) for o in ops.values())]
-    checks = any(o.get("verified") for o in ops.values())
     head = ["op", "calls", "worker", "local", "unsup", "fallbk", "<floor", *(["checked"] if checks else []),
             "sent", "recv", *phases]
     rows = []
@@ -207,16 +222,22 @@ def format_table(report: dict[str, Any]) -> str:
                         else str(o.get("verified", 0))] if checks else []),
                      _mb(o["bytes_sent"]), _mb(o["bytes_received"]), *(_ms(o["phases"].get(p)) for p in phases)])
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
-    fmt = lambda r: "  " + "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r))
-    lines.append(fmt(head))
-    lines.extend(fmt(r) for r in rows)
+
+    def fmt(r: list[str]) -> str:
+        return "  " + "  ".join(c.ljust(widths[0]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(r))
+
+    return [fmt(head), *(fmt(r) for r in rows)]
+
+
+def _totals(sm: dict[str, Any], checks: bool) -> list[str]:
+    """Time by place, bytes by lane, residency, checks and the estimate against all-local."""
     c = sm["calls"]
-    lines.append(f"  time in intercepted calls: worker path {_ms(sm['time_on_worker_path_s'])} ({c['worker']} calls), "
-                 f"computed here {_ms(sm['time_computed_here_s'])} "
-                 f"({c['local'] + c['unsupported'] + c['fallback']} calls, {c['below_floor']} more below the floor)")
-    lines.append(f"  waiting for a cold worker: {_ms(sm['time_waiting_for_cold_worker_s'])}")
-    lines.append(f"  bytes moved: sent {_mb(sm['bytes_sent'])}, received {_mb(sm['bytes_received'])}")
-    if sm.get("shm_sent") or sm.get("shm_received"):  # issue 9: the same-host lane
+    lines = [f"  time in intercepted calls: worker path {_ms(sm['time_on_worker_path_s'])} ({c['worker']} calls), "
+             f"computed here {_ms(sm['time_computed_here_s'])} "
+             f"({c['local'] + c['unsupported'] + c['fallback']} calls, {c['below_floor']} more below the floor)",
+             f"  waiting for a cold worker: {_ms(sm['time_waiting_for_cold_worker_s'])}",
+             f"  bytes moved: sent {_mb(sm['bytes_sent'])}, received {_mb(sm['bytes_received'])}"]
+    if sm.get("shm_sent") or sm.get("shm_received"):  # the same-host lane
         lines.append(f"  through shared memory: sent {_mb(sm['shm_sent'])}, received {_mb(sm['shm_received'])}")
     res = sm.get("residency") or {}
     if res.get("resident_hits") or res.get("resends") or res.get("evictions"):
@@ -236,7 +257,12 @@ def format_table(report: dict[str, Any]) -> str:
         parts.append(f"{vs['calls_unpriced']} calls without a local price")
     if parts:
         lines.append("  against all-local: " + "; ".join(parts))
-    pl = report.get("planner")
+    return lines
+
+
+def _planner_lines(pl: dict[str, Any] | None) -> list[str]:
+    """Exploration and its cost, model resets, and each worker whose calls left its benchmark behind."""
+    lines = []
     if pl and (pl["explored_calls"] or pl["model_resets"]):
         share = pl["explore_spent_s"] / pl["intercepted_s"] if pl["intercepted_s"] else 0.0
         lines.append(f"  planner: {pl['explored_calls']} calls explored the place predicted slower, costing "
@@ -248,6 +274,12 @@ def format_table(report: dict[str, Any]) -> str:
         if w.get("speed_vs_benchmark_calls") and abs(math.log(w["speed_vs_benchmark"])) > math.log(1.25):
             lines.append(f"  worker {w['url']}: its calls ran at {w['speed_vs_benchmark']:.2g}x the speed of its "
                          f"self-benchmark (first calls of {w['speed_vs_benchmark_calls']} ops and sizes)")
+    return lines
+
+
+def _sites_and_reasons(sm: dict[str, Any], ops: dict[str, Any]) -> list[str]:
+    """Prediction error, the costliest call sites, and the commonest reasons a call ran here."""
+    lines = []
     if sm["prediction_error"]:
         lines.append("  prediction error, median |log(predicted/actual)|: " + ", ".join(
             f"{k} {v['median_abs_log_ratio']:.2f} (n={v['calls']})" for k, v in sm["prediction_error"].items()))
@@ -261,9 +293,7 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append("  ran here instead of on the worker:")
         for name, reason, count in sorted(reasons, key=lambda x: -x[2])[:12]:
             lines.append(f"    {name.removeprefix('numpy.')} x{count}: {reason}")
-    for ev in report["events"]:
-        lines.append(f"  [{ev['t_s']:7.2f}s] {ev['what']}")
-    return "\n".join(lines)
+    return lines
 
 
 def at_exit(rt: Any, stream: TextIO | None = None) -> None:
@@ -275,7 +305,7 @@ def at_exit(rt: Any, stream: TextIO | None = None) -> None:
 
         write_trace(report, rt.config.trace)
     operators = report["operators"]
-    # a program that only uses `@` must still learn that it was not intercepted (issue 3)
+    # a program that only uses `@` must still learn that it was not intercepted
     unexpected = not operators["intercepted"] and operators["why"] not in ("policy local", "FUSION_SHIM_NATIVE=0")
     if not rt.config.quiet and (report["ops"] or rt.config.report or unexpected):
         print(format_table(report), file=stream or sys.stderr)

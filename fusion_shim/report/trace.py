@@ -1,4 +1,4 @@
-"""A Chrome trace event file of the run, for https://ui.perfetto.dev or chrome://tracing (issue 7).
+"""A Chrome trace event file of the run, for https://ui.perfetto.dev or chrome://tracing.
 
 Tracks: one per program thread (pid = the program), a ``link`` track for the two directions of each
 transfer, and the worker's ``device`` track (pid = the worker). Each call is a slice named after its

@@ -39,7 +39,7 @@ class LinkProfile:
 
 
 def _bytes(r: dict) -> float:
-    if r["bytes_sent"] or r["bytes_received"]:  # buffers through shared memory (issue 9) move on another link too
+    if r["bytes_sent"] or r["bytes_received"]:  # buffers through shared memory move on another link too
         return r["bytes_sent"] + r["bytes_received"] + r.get("shm_sent", 0) + r.get("shm_received", 0)
     itemsize = {"1": 1, "2": 2, "4": 4, "8": 8, "16": 16}
     inputs = sum(math.prod(s) * itemsize.get(d.lstrip("<>|=")[1:], 8) for s, d in zip(r["shapes"], r["dtypes"]))

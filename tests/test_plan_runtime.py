@@ -718,11 +718,12 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
     worker is not faulted, the whole wait is charged to the budget and the op is priced at least that
     there. On one that does, it is waited for (the abandoned call would slow the local one)."""
     from fusion_shim.worker import serve_in_thread
+    from fusion_shim.worker.testing import FaultyWorker
 
     from fusion_shim import runtime
 
     url = f"inproc://fusion-shim-tests-slow-explore-{os.getpid()}"
-    thread, stop = serve_in_thread(url, device="cpu", test_delay=0.4)
+    thread, stop = serve_in_thread(url, worker=FaultyWorker("cpu", delay=0.4))
     a = RNG.standard_normal((64, 64))
     want = a @ a.T
     rt = fusion_shim.install(policy="auto", worker=url, quiet=True, timeout=30.0)

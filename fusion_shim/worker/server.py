@@ -63,9 +63,8 @@ class Worker:
     """``backend`` and ``kernels`` default to torch (:mod:`.kernels`); tests may give a NumPy pair
     (a backend has ``device``, ``warm()``, ``run(kernel, arrays, params, layouts)``)."""
 
-    def __init__(self, device: str = "auto", test_delay: float = 0.0, test_corrupt: bool = False,
-                 memory_budget: int | None = None, *, max_bytes: int = MAX_MESSAGE_BYTES,
-                 backend: Any = None, kernels: dict | None = None):
+    def __init__(self, device: str = "auto", memory_budget: int | None = None, *,
+                 max_bytes: int = MAX_MESSAGE_BYTES, backend: Any = None, kernels: dict | None = None):
         self.numba = "unavailable: a test backend"
         if backend is None:
             from .kernels import KERNELS, TorchBackend  # torch only here, on the worker side
@@ -77,8 +76,6 @@ class Worker:
         self.kernels = kernels
         self.backend = backend
         self.max_bytes = max_bytes
-        self.test_delay = test_delay  # test-only: hold every call this long, to kill it mid-call
-        self.test_corrupt = test_corrupt  # test-only: return wrong answers, for verification tests
         self.traffic = {"calls": 0, "bytes_in": 0, "bytes_out": 0}  # call messages, counted at the socket
         self.info: dict[str, Any] = {}
         self.last_was_call = False
@@ -108,8 +105,7 @@ class Worker:
         bench = self.backend.warm(shared=shared) if takes_shared else self.backend.warm()
         torch = sys.modules.get("torch")  # loaded by the torch backend; a test backend has none
         self.info = {"pid": os.getpid(), "device": str(self.backend.device),
-                     "torch": getattr(torch, "__version__", "none"), "bench": bench, "test_delay": self.test_delay,
-                     "test_corrupt": self.test_corrupt, "memory_budget": self.store.budget,
+                     "torch": getattr(torch, "__version__", "none"), "bench": bench, "memory_budget": self.store.budget,
                      "numba": self.numba, "kernels": sorted(self.kernels),
                      "boot": shmlane.boot_id()}  # which machine: a client there shares its CPUs (issue 5)
 
@@ -165,30 +161,43 @@ class Worker:
             return _error(rid, "kernel_error", type(exc).__name__, str(exc))
 
     def _call(self, rid: int, header: dict, arrays: list) -> list:
+        try:
+            admitted = self._admit(header, arrays)
+        except _Refusal as no:
+            return _error(rid, no.kind, no.exc, str(no))
+        return self._execute(rid, header, arrays, *admitted)
+
+    def _admit(self, header: dict, arrays: list) -> tuple[Any, list, list, list]:
+        """The call's kernel, declared results, result slots and their mapped bytes; raises
+        :class:`_Refusal` for a call that is not admitted."""
         kernel = self.kernels.get(header.get("op"))
         if kernel is None:
-            return _error(rid, "unknown_op", "KeyError", f"no kernel {header.get('op')!r}")
+            raise _Refusal("unknown_op", "KeyError", f"no kernel {header.get('op')!r}")
         params, layouts = header.get("params"), header.get("layouts")
         if not isinstance(params, dict) or not isinstance(layouts, list) or "cdtype" not in params:
-            return _error(rid, "bad_request", "WireError", "a call needs 'params' with 'cdtype' and 'layouts'")
+            raise _Refusal("bad_request", "WireError", "a call needs 'params' with 'cdtype' and 'layouts'")
         if not isinstance(params["cdtype"], str) or params["cdtype"] not in wire.DTYPES:
-            return _error(rid, "bad_request", "WireError", f"cdtype {params['cdtype']!r} is not accepted")
+            raise _Refusal("bad_request", "WireError", f"cdtype {params['cdtype']!r} is not accepted")
         declared = wire.declared_results(
             header.get("results"), self.max_bytes - sum(a.nbytes for a in arrays if not isinstance(a, wire.Ref)))
         if len(declared) != len(layouts):
-            return _error(rid, "bad_request", "WireError", f"{len(declared)} declared results, {len(layouts)} layouts")
+            raise _Refusal("bad_request", "WireError", f"{len(declared)} declared results, {len(layouts)} layouts")
         too_big = _size_params_over(header["op"], params, declared)
         if too_big:
-            return _error(rid, "bad_request", "WireError", too_big)
+            raise _Refusal("bad_request", "WireError", too_big)
         slots = header.get("out_shm") if self.shm is not None else None
         if not isinstance(slots, list) or len(slots) != len(declared):
             slots = [None] * len(declared)
-        # result slots in the client's segments (issue 9), mapped before the kernel: a bad one is
+        # result slots in the client's segments, mapped before the kernel: a bad one is
         # a bad request, and a result is written straight into its slot
         dests = [self.shm.out_view(slot, math.prod(shape) * dt.itemsize) if slot is not None else None
                  for slot, (dt, shape) in zip(slots, declared)]
-        if self.test_delay:
-            time.sleep(self.test_delay)
+        return kernel, declared, dests, slots
+
+    def _execute(self, rid: int, header: dict, arrays: list, kernel: Any, declared: list, dests: list,
+                 slots: list) -> list:
+        """Run an admitted call; its ``result`` reply, or an ``error`` one."""
+        params, layouts = header["params"], header["layouts"]
         extra: dict[str, Any] = {}
         try:
             if self.resident:
@@ -211,9 +220,11 @@ class Worker:
             return _error(rid, "kernel_error", "ResultMismatch",
                           f"kernel made {[f'{d.str}{list(s)}' for d, s in got]}, the call declared "
                           f"{[f'{d.str}{list(s)}' for d, s in declared]}")
+        return self._reply(rid, results, timing, extra, dests, slots)
+
+    def _reply(self, rid: int, results: list, timing: dict, extra: dict, dests: list, slots: list) -> list:
+        """The ``result`` reply: results in their slots where offered, the others as frames."""
         fps = extra.pop("fps", None)
-        if self.test_corrupt:
-            results, fps = [_corrupt(r) for r in results], None
         it = iter(_place(results, dests, slots))
         return wire.encode({"t": "result", "id": rid, "timing": timing, **extra}, results, fps=fps,
                            place=lambda meta, buf: next(it))
@@ -262,7 +273,7 @@ class Worker:
         t3 = time.perf_counter()
         timing.update(h2d=t1 - t0, kernel=t2 - t1, d2h=t3 - t2)
         extra: dict[str, Any] = {"evicted": evicted}
-        if header.get("keep") is True and not self.test_corrupt:  # keep results, say their fingerprints
+        if header.get("keep") is True:  # keep results, say their fingerprints
             extra["fps"], extra["evicted"] = self._keep(results, out, held, evicted)
             timing["fingerprint"] = time.perf_counter() - t3
         extra["kept"] = [fp for fp in held if fp in self.store]  # what the client may send by reference
@@ -353,15 +364,6 @@ def _size_params_over(op: str, params: dict, declared: list) -> str | None:
     return None
 
 
-def _corrupt(a: Any) -> Any:
-    """TEST ONLY (--test-corrupt): a wrong answer of the right type, one element off."""
-    a = a.copy()
-    if a.size:
-        flat = a.reshape(-1)
-        flat[0] = flat[0] + (1 if a.dtype.kind in "biu" else 1e-3 * (abs(flat[0]) + 1))
-    return a
-
-
 def _place(out: list, dests: list, slots: list) -> list:
     """The ``shm`` locator of each result written into its slot (copied there unless the backend
     wrote it in place), or None for a result that travels inline (issue 9)."""
@@ -381,6 +383,14 @@ def _amend(frames: list, **extra: Any) -> list:
     header = msgpack.unpackb(frames[0], raw=False)
     header.update(extra)
     return [msgpack.packb(header, use_bin_type=True), *frames[1:]]
+
+
+class _Refusal(Exception):
+    """A call not admitted: answered with an ``error`` reply of ``kind``."""
+
+    def __init__(self, kind: str, exc: str, msg: str):
+        super().__init__(msg)
+        self.kind, self.exc = kind, exc
 
 
 def _error(rid: int, kind: str, exc: str, msg: str, **extra: Any) -> list:
@@ -471,15 +481,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def serve_in_thread(url: str, device: str = "auto", test_delay: float = 0.0, worker: Worker | None = None,
-                    test_corrupt: bool = False, memory_budget: int | None = None,
-                    **serve_kwargs: Any) -> tuple[threading.Thread, threading.Event]:
+def serve_in_thread(url: str, device: str = "auto", *, worker: Worker | None = None,
+                    memory_budget: int | None = None, **serve_kwargs: Any) -> tuple[threading.Thread, threading.Event]:
     """A worker in a thread of this process (``inproc://`` URLs, or a socket): for tests and
     debugging. Returns once it is bound. The Worker object is ``thread.worker`` (tests look into
     its resident store)."""
     stop = threading.Event()
     bound = threading.Event()
-    worker = Worker(device, test_delay, test_corrupt, memory_budget) if worker is None else worker
+    worker = Worker(device, memory_budget) if worker is None else worker
     thread = threading.Thread(target=serve, args=(url, worker), kwargs={"stop": stop, "ready": bound, **serve_kwargs},
                               name="fusion-shim-worker", daemon=True)
     thread.worker = worker

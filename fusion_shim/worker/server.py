@@ -67,7 +67,8 @@ class Worker:
                  max_bytes: int = MAX_MESSAGE_BYTES, backend: Any = None, kernels: dict | None = None):
         self.numba = "unavailable: a test backend"
         if backend is None:
-            from .kernels import KERNELS, TorchBackend  # torch only here, on the worker side
+            from .backend import TorchBackend  # torch only here, on the worker side
+            from .kernels import KERNELS
             from .numba_kernels import numba_kernels
 
             backend = TorchBackend(device)

@@ -19,7 +19,7 @@ CLIENT = ("fusion_shim.intercept", "fusion_shim.plan", "fusion_shim.runtime", "f
 WORKER_SIDE = ["worker", "transport", "protocol", "auth.py"]
 WORKER_MODULES = ["fusion_shim.worker.server", "fusion_shim.worker.command", "fusion_shim.worker.backend",
                   "fusion_shim.worker.bench", "fusion_shim.worker.kernels", "fusion_shim.worker.store",
-                  "fusion_shim.worker.numba_kernels", "fusion_shim.transport", "fusion_shim.transport.shm",
+                  "fusion_shim.worker.numba_kernels", "fusion_shim.transport", "fusion_shim.transport.shm_common", "fusion_shim.transport.shm_worker",
                   "fusion_shim.protocol.wire", "fusion_shim.protocol.fingerprint", "fusion_shim.auth"]
 
 

@@ -393,7 +393,8 @@ def test_ndim_limit_is_64():
 
 DEFAULT_PATH = ["protocol/wire.py", "protocol/fingerprint.py", "transport/__init__.py", "runtime.py", "auth.py", "config.py", "catalog/__init__.py",
                 "catalog/base.py", "catalog/products.py", "catalog/linalg.py", "catalog/fft.py", "catalog/scipy.py",
-                "catalog/numba.py", "transport/shm.py",
+                "catalog/numba.py", "transport/shm.py", "transport/shm_common.py",
+                "transport/shm_client.py", "transport/shm_worker.py",
                 "plan/__init__.py", "ledger.py", "intercept/__init__.py", "worker/server.py", "worker/kernels/__init__.py",
                 "worker/backend.py", "worker/bench.py",
                 "worker/__init__.py", "report/__init__.py", "cli.py", "__init__.py", "_bootstrap.py"]

@@ -22,7 +22,7 @@ import fusion_shim
 from conftest import last_record
 from fusion_shim.protocol import wire
 from fusion_shim.config import Config, ConfigError
-from fusion_shim.transport import Channel, shm
+from fusion_shim.transport import Channel, shm, shm_client
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="no /dev/shm on this machine")
 
@@ -35,7 +35,7 @@ def names_of(pid: int) -> list[str]:
 
 @pytest.fixture
 def every_buffer_on_shm(monkeypatch):
-    monkeypatch.setattr(shm, "MIN_BYTES", 0)
+    monkeypatch.setattr(shm_client, "MIN_BYTES", 0)  # where the client reads it
 
 
 # --- results are the program's arrays, on reused segments ---------------------------------------------
@@ -289,7 +289,7 @@ def test_a_forked_child_does_not_write_into_the_parents_result(inproc_worker, mo
 
         assert child_writes() == 0
         assert c.max() == 256.0, "the child's write reached the parent's result"
-        monkeypatch.setattr(shm, "_POOLS", set())  # without the fork handler's work ...
+        monkeypatch.setattr(shm_client, "_POOLS", set())  # without the fork handler's work ...
         assert child_writes() == 0
         assert c.max() == 999.0  # ... the write would be shared: the test has teeth
     finally:

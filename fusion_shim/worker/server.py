@@ -46,7 +46,8 @@ import zmq
 from ..protocol import wire
 from ..protocol.fingerprint import RESIDENT_MIN, fingerprint
 from ..transport import check_url, context, is_loopback, send_frames
-from ..transport import shm as shmlane
+from ..transport import shm_common
+from ..transport.shm_worker import ShmMapper
 from .store import ResidentStore, default_budget
 
 MAX_MESSAGE_BYTES = 1 << 36
@@ -84,12 +85,12 @@ class Worker:
         budget = memory_budget if memory_budget is not None else (
             default_budget(backend.device) if self.resident else 0)
         self.store = ResidentStore(budget)
-        self.shm: shmlane.ShmMapper | None = None  # clients' segments, on a same-host link (issue 9)
+        self.shm: ShmMapper | None = None  # clients' segments, on a same-host link (issue 9)
 
     def enable_shm(self, url: str) -> None:
         """Offer the shared-memory lane to clients of ``url``: same-host schemes only, never tcp."""
-        if check_url(url) in ("ipc", "inproc") and shmlane.available():
-            self.shm = shmlane.ShmMapper()
+        if check_url(url) in ("ipc", "inproc") and shm_common.available():
+            self.shm = ShmMapper()
 
     def idle(self) -> None:
         if self.shm is not None:
@@ -108,7 +109,7 @@ class Worker:
         self.info = {"pid": os.getpid(), "device": str(self.backend.device),
                      "torch": getattr(torch, "__version__", "none"), "bench": bench, "memory_budget": self.store.budget,
                      "numba": self.numba, "kernels": sorted(self.kernels),
-                     "boot": shmlane.boot_id()}  # which machine: a client there shares its CPUs (issue 5)
+                     "boot": shm_common.boot_id()}  # which machine: a client there shares its CPUs (issue 5)
 
     def health(self) -> str | None:
         """A small matmul through the call path (to the device and back), its answer checked

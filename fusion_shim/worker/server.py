@@ -39,11 +39,10 @@ import threading
 import time
 from typing import Any
 
-import msgpack
 import numpy as np
 import zmq
 
-from ..protocol import wire
+from ..protocol import messages, wire
 from ..protocol.fingerprint import RESIDENT_MIN, fingerprint
 from ..transport import check_url, context, is_loopback, send_frames
 from ..transport import shm_common
@@ -125,13 +124,11 @@ class Worker:
     def handle(self, frames: list) -> list:
         """One request in, one reply out; never raises."""
         reply = self._handle(frames)
-        if self.shm is not None:
-            mapped = self.shm.take_new()
-            if mapped:  # the client may now unlink these names (issue 9)
-                reply = _amend(reply, shm_mapped=mapped)
-        return reply
+        mapped = self.shm.take_new() if self.shm is not None else None
+        # the client may unlink the names mapped while handling it (issue 9)
+        return reply.frames(shm_mapped=mapped) if mapped else reply.frames()
 
-    def _handle(self, frames: list) -> list:
+    def _handle(self, frames: list) -> messages.Reply:
         rid = 0
         self.last_was_call = False
         try:
@@ -143,30 +140,30 @@ class Worker:
             self.last_was_call = kind == "call"
             if kind == "stats":
                 shm_stats = {**self.shm.stats, "shm_live": len(self.shm)} if self.shm is not None else {}
-                return wire.encode({"t": "stats", "id": rid, **self.traffic, **self.store.stats(), **shm_stats})
+                return messages.stats(rid, {**self.traffic, **self.store.stats(), **shm_stats})
             if kind == "hello":
                 t = time.perf_counter()
                 sick = self.health()
                 if sick is not None:
-                    return _error(rid, "unhealthy", "HealthCheck", sick)
-                extra = {}
+                    return messages.error(rid, "unhealthy", "HealthCheck", sick)
+                shm = None
                 if "shm" in header:
-                    extra["shm"] = (self.shm.answer_probe(header["shm"]) if self.shm is not None
-                                    else {"ok": False, "why": "this worker's link is not same-host (ipc://)"})
-                return wire.encode({"t": "ready", "id": rid, **self.info, **extra, "health_s": time.perf_counter() - t})
+                    shm = (self.shm.answer_probe(header["shm"]) if self.shm is not None
+                           else {"ok": False, "why": "this worker's link is not same-host (ipc://)"})
+                return messages.ready(rid, self.info, time.perf_counter() - t, shm)
             if kind != "call":
-                return _error(rid, "bad_request", "WireError", f"a worker does not accept {kind!r}")
+                return messages.error(rid, "bad_request", "WireError", f"a worker does not accept {kind!r}")
             return self._call(rid, header, arrays)
         except wire.WireError as exc:
-            return _error(rid, "version" if "version" in str(exc) else "bad_request", "WireError", str(exc))
+            return messages.error(rid, "version" if "version" in str(exc) else "bad_request", "WireError", str(exc))
         except Exception as exc:  # the boundary: any fault becomes a reply, the loop stays up
-            return _error(rid, "kernel_error", type(exc).__name__, str(exc))
+            return messages.error(rid, "kernel_error", type(exc).__name__, str(exc))
 
-    def _call(self, rid: int, header: dict, arrays: list) -> list:
+    def _call(self, rid: int, header: dict, arrays: list) -> messages.Reply:
         try:
             admitted = self._admit(header, arrays)
         except _Refusal as no:
-            return _error(rid, no.kind, no.exc, str(no))
+            return messages.error(rid, no.kind, no.exc, str(no))
         return self._execute(rid, header, arrays, *admitted)
 
     def _admit(self, header: dict, arrays: list) -> tuple[Any, list, list, list]:
@@ -197,7 +194,7 @@ class Worker:
         return kernel, declared, dests, slots
 
     def _execute(self, rid: int, header: dict, arrays: list, kernel: Any, declared: list, dests: list,
-                 slots: list) -> list:
+                 slots: list) -> messages.Reply:
         """Run an admitted call; its ``result`` reply, or an ``error`` one."""
         params, layouts = header["params"], header["layouts"]
         extra: dict[str, Any] = {}
@@ -205,31 +202,30 @@ class Worker:
             if self.resident:
                 results, timing, extra = self._run_resident(kernel, header, arrays, params, layouts, dests)
                 if "missing" in extra:
-                    return _error(rid, "missing", "KeyError", f"{len(extra['missing'])} inputs are not held here",
+                    return messages.error(rid, "missing", "KeyError", f"{len(extra['missing'])} inputs are not held here",
                                   missing=extra["missing"])
             else:
                 refs = [a.fp for a in arrays if isinstance(a, wire.Ref)]
                 if refs:
-                    return _error(rid, "missing", "KeyError", "this worker keeps nothing", missing=refs)
+                    return messages.error(rid, "missing", "KeyError", "this worker keeps nothing", missing=refs)
                 if _host_kernels(self.backend):
                     arrays = [_aligned(a) for a in arrays]
                 results, timing = self._run(kernel, arrays, params, layouts)
         except Exception as exc:
             kind = "out_of_memory" if _is_oom(exc) else "kernel_error"
-            return _error(rid, kind, type(exc).__name__, str(exc)[:2000])
+            return messages.error(rid, kind, type(exc).__name__, str(exc)[:2000])
         got = [(r.dtype, r.shape) for r in results]
         if got != declared:
-            return _error(rid, "kernel_error", "ResultMismatch",
+            return messages.error(rid, "kernel_error", "ResultMismatch",
                           f"kernel made {[f'{d.str}{list(s)}' for d, s in got]}, the call declared "
                           f"{[f'{d.str}{list(s)}' for d, s in declared]}")
         return self._reply(rid, results, timing, extra, dests, slots)
 
-    def _reply(self, rid: int, results: list, timing: dict, extra: dict, dests: list, slots: list) -> list:
+    def _reply(self, rid: int, results: list, timing: dict, extra: dict, dests: list,
+               slots: list) -> messages.Reply:
         """The ``result`` reply: results in their slots where offered, the others as frames."""
         fps = extra.pop("fps", None)
-        it = iter(_place(results, dests, slots))
-        return wire.encode({"t": "result", "id": rid, "timing": timing, **extra}, results, fps=fps,
-                           place=lambda meta, buf: next(it))
+        return messages.result(rid, timing, results, fps, _place(results, dests, slots), **extra)
 
     def _run_resident(self, kernel: Any, header: dict, arrays: list, params: dict,
                       layouts: list, dests: list) -> tuple[list, dict, dict]:
@@ -380,23 +376,12 @@ def _place(out: list, dests: list, slots: list) -> list:
     return locs
 
 
-def _amend(frames: list, **extra: Any) -> list:
-    """A reply with more header keys (re-packs only the header frame)."""
-    header = msgpack.unpackb(frames[0], raw=False)
-    header.update(extra)
-    return [msgpack.packb(header, use_bin_type=True), *frames[1:]]
-
-
 class _Refusal(Exception):
     """A call not admitted: answered with an ``error`` reply of ``kind``."""
 
     def __init__(self, kind: str, exc: str, msg: str):
         super().__init__(msg)
         self.kind, self.exc = kind, exc
-
-
-def _error(rid: int, kind: str, exc: str, msg: str, **extra: Any) -> list:
-    return wire.encode({"t": "error", "id": rid, "kind": kind, "exc": exc, "msg": msg, **extra})
 
 
 INSECURE_WARNING = """\

@@ -1,10 +1,11 @@
 """The worker: a ZeroMQ ROUTER that answers ``hello`` once warm and ``call`` with a kernel's results.
 
-It imports neither wrapt nor the planner. Every request is validated (:func:`fusion_shim.protocol.wire.decode`)
-before anything is allocated; whatever a request does wrong is answered with an ``error`` reply and
-the loop goes on: a client can make a call fail, never the worker.
+It imports nothing of the client side (no interceptor, planner or ledger). Every request is
+validated (:func:`fusion_shim.protocol.wire.decode`) before anything is allocated; whatever a
+request does wrong is answered with an ``error`` reply and the loop goes on: a client can make a
+call fail, never the worker.
 
-Issue 8 (security and faults):
+Security and faults:
 
 - It binds loopback or ``ipc://`` unless told otherwise. A network address needs ``keys`` (CURVE
   with a ZAP allow-list, :mod:`fusion_shim.auth`; also usable on loopback) or ``insecure=True``,
@@ -17,12 +18,12 @@ Issue 8 (security and faults):
   it locally).
 - ``hello`` runs a health check through the same path as a call and compares the answer exactly.
 
-Issue 6 (residency): inputs a client tags with a fingerprint and results of at least
-``residency.RESIDENT_MIN`` bytes stay on the device in :class:`.store.ResidentStore`; a reference
+Residency: inputs a client tags with a fingerprint and results of at least
+``protocol.fingerprint.RESIDENT_MIN`` bytes stay on the device in :class:`.store.ResidentStore`; a reference
 the store does not hold is answered ``missing``. A backend without ``to_device`` / ``compute`` /
 ``to_host`` (a test backend) keeps nothing and answers every reference ``missing``.
 
-Issue 9: on a same-host link (``ipc://``, ``inproc://``) clients may put buffers in shared memory
+Shared memory: on a same-host link (``ipc://``, ``inproc://``) clients may put buffers in shared memory
 (:mod:`fusion_shim.transport.shm`): inputs are read from the client's segments (staged to a GPU
 through pinned memory), results are written into the slots a call offers, and the segments of a
 client that died are swept while idle. Kernels written with numba.cuda (:mod:`.numba_kernels`) join
@@ -52,7 +53,7 @@ from .store import ResidentStore, default_budget
 MAX_MESSAGE_BYTES = 1 << 36
 ALIGN = 16  # bytes: inputs a CPU kernel reads in place start at a multiple of this
 # FFT sizes name an output length: each must fit the declared results (rfft gives n // 2 + 1)
-# (numba kernels, issue 9: bincount's number of bins, correlate's output length)
+# (numba kernels: bincount's number of bins, correlate's output length)
 SIZE_PARAMS = {"fft.": ("n", "s"), "numba.bincount": ("n",), "numba.correlate": ("length",)}
 _HEALTH_A = np.array([[1.0, 2.0], [3.0, 4.0]])
 _HEALTH_B = np.array([[5.0, 6.0], [7.0, 8.0]])
@@ -72,7 +73,7 @@ class Worker:
             from .numba_kernels import numba_kernels
 
             backend = TorchBackend(device)
-            extra, self.numba = numba_kernels(backend.device.type)  # issue 9: where they can run
+            extra, self.numba = numba_kernels(backend.device.type)  # where they can run
             kernels = {**KERNELS, **extra}
         self.kernels = kernels
         self.backend = backend
@@ -80,11 +81,11 @@ class Worker:
         self.traffic = {"calls": 0, "bytes_in": 0, "bytes_out": 0}  # call messages, counted at the socket
         self.info: dict[str, Any] = {}
         self.last_was_call = False
-        self.resident = hasattr(backend, "compute")  # residency needs a device-level backend (issue 6)
+        self.resident = hasattr(backend, "compute")  # residency needs a device-level backend
         budget = memory_budget if memory_budget is not None else (
             default_budget(backend.device) if self.resident else 0)
         self.store = ResidentStore(budget)
-        self.shm: ShmMapper | None = None  # clients' segments, on a same-host link (issue 9)
+        self.shm: ShmMapper | None = None  # clients' segments, on a same-host link
 
     def enable_shm(self, url: str) -> None:
         """Offer the shared-memory lane to clients of ``url``: same-host schemes only, never tcp."""
@@ -98,7 +99,7 @@ class Worker:
     def warm(self, shared: bool = False) -> None:
         """Warm up and self-benchmark; ``shared``: this worker shares its CPUs with the program that
         started it (an embedded worker), so its benchmark stays short."""
-        if self.numba == "simulator":  # issue 9: never mistaken for a GPU run
+        if self.numba == "simulator":  # never mistaken for a GPU run
             print("fusion_shim worker: numba kernels run under numba's CUDA SIMULATOR (NUMBA_ENABLE_CUDASIM=1): "
                   "for tests only, far slower than NumPy", file=sys.stderr, flush=True)
         # a backend's warm() takes no argument (a test backend's, say); torch's also takes ``shared``
@@ -108,7 +109,7 @@ class Worker:
         self.info = {"pid": os.getpid(), "device": str(self.backend.device),
                      "torch": getattr(torch, "__version__", "none"), "bench": bench, "memory_budget": self.store.budget,
                      "numba": self.numba, "kernels": sorted(self.kernels),
-                     "boot": shm_common.boot_id()}  # which machine: a client there shares its CPUs (issue 5)
+                     "boot": shm_common.boot_id()}  # which machine: a client there shares its CPUs
 
     def health(self) -> str | None:
         """A small matmul through the call path (to the device and back), its answer checked
@@ -125,7 +126,7 @@ class Worker:
         """One request in, one reply out; never raises."""
         reply = self._handle(frames)
         mapped = self.shm.take_new() if self.shm is not None else None
-        # the client may unlink the names mapped while handling it (issue 9)
+        # the client may unlink the names mapped while handling it
         return reply.frames(shm_mapped=mapped) if mapped else reply.frames()
 
     def _handle(self, frames: list) -> messages.Reply:
@@ -229,9 +230,8 @@ class Worker:
 
     def _run_resident(self, kernel: Any, header: dict, arrays: list, params: dict,
                       layouts: list, dests: list) -> tuple[list, dict, dict]:
-        """Inputs from the store or the message, the kernel on the device, results kept when asked
-        (issue 6). Out of memory: the store is emptied but for this call's inputs, and the call
-        runs once more (issue 8)."""
+        """Inputs from the store or the message, the kernel on the device, results kept when asked.
+        Out of memory: the store is emptied but for this call's inputs, and the call runs once more."""
         metas = header["arrays"]
         t0 = time.perf_counter()
         tensors, missing = [], []
@@ -241,12 +241,12 @@ class Worker:
                 if t is None:
                     missing.append(a.fp)
                 tensors.append(t)
-            elif "shm" in meta:  # in a client's segment (issue 9): staged through pinned memory on a GPU
+            elif "shm" in meta:  # in a client's segment: staged through pinned memory on a GPU
                 tensors.append(self.backend.to_device(a, staged=True))
             else:
                 tensors.append(self.backend.to_device(a))
         if missing:
-            self.backend.sync()  # staged copies (issue 9) land before their pinned buffers are reused
+            self.backend.sync()  # staged copies land before their pinned buffers are reused
             return [], {}, {"missing": missing}
         held = {m["fp"] for m in metas if "fp" in m}  # this call's inputs: never evicted by it
         evicted: list = []
@@ -291,13 +291,13 @@ class Worker:
 
     def _owned(self, t: Any) -> Any:
         """A tensor the store may keep: on the CPU an input (or a result that is one) can be a view
-        on a client's segment, which the client reuses after the reply (issue 9): a copy of those."""
+        on a client's segment, which the client reuses after the reply: a copy of those."""
         if self.shm is not None and t.device.type == "cpu" and self.shm.aliases(t.data_ptr()):
             return t.clone()
         return t
 
     def _run(self, kernel: Any, arrays: list, params: dict, layouts: list) -> tuple[list, dict]:
-        """Run once; out of memory: free what can be freed and run once more (issue 8)."""
+        """Run once; out of memory: free what can be freed and run once more."""
         try:
             return self.backend.run(kernel, arrays, params, layouts)
         except Exception as exc:
@@ -317,8 +317,7 @@ def _host_kernels(backend: Any) -> bool:
 
 def _aligned(a: np.ndarray) -> np.ndarray:
     """A received buffer starts wherever ZeroMQ put it: small frames at any byte, large ones at
-    8 mod 16. torch on the CPU can crash on such data (a complex128 tensor at 8 mod 16 cast to
-    float32 segfaults torch 2.13; found by the fuzzer, issue 8): copy to fresh, aligned memory."""
+    8 mod 16; copied to fresh, aligned memory (D54: torch on the CPU can crash on such data)."""
     if a.ctypes.data % ALIGN == 0:
         return a
     out = np.empty_like(a)
@@ -364,7 +363,7 @@ def _size_params_over(op: str, params: dict, declared: list) -> str | None:
 
 def _place(out: list, dests: list, slots: list) -> list:
     """The ``shm`` locator of each result written into its slot (copied there unless the backend
-    wrote it in place), or None for a result that travels inline (issue 9)."""
+    wrote it in place), or None for a result that travels inline."""
     locs = []
     for host, dest, slot in zip(out, dests, slots):
         if dest is None or not (host.flags.c_contiguous or host.flags.f_contiguous) or host.nbytes != dest.nbytes:
@@ -451,7 +450,7 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
     finally:
         sock.close(linger=0)
         if worker.shm is not None:
-            worker.shm.sweep(force=True)  # names left by clients that died (issue 9)
+            worker.shm.sweep(force=True)  # names left by clients that died
         if auth is not None:
             auth.stop()
         if keys is not None:

@@ -1,4 +1,4 @@
-"""Authentication between clients and workers: ZeroMQ CURVE keys and the worker's allow-list (issue 8).
+"""Authentication between clients and workers: ZeroMQ CURVE keys and the worker's allow-list.
 
 A worker that binds anything but loopback or ``ipc://`` must authenticate its clients: a worker
 reachable from the network runs kernels on whatever buffers arrive, so CURVE without a ZAP handler

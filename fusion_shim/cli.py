@@ -241,56 +241,12 @@ def _user_frames(tb: Any) -> Any:
 
 
 def worker_main(argv: list[str]) -> int:
-    import argparse
-
     import fusion_shim
 
+    from .worker import command
+
     fusion_shim.uninstall()  # a worker never intercepts, even under FUSION_SHIM=1
-    parser = argparse.ArgumentParser(prog="fusion-shim worker", description="Serve kernels to fusion_shim clients.")
-    parser.add_argument("--bind", required=True, help="ipc:///path, tcp://127.0.0.1:PORT, or inproc://name")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    parser.add_argument("--keys", metavar="DIR", default=None,
-                        help="serve with CURVE: DIR/server.key_secret and the allow-list DIR/authorized "
-                             "(made by `fusion-shim keys DIR`); needed to bind a network address")
-    parser.add_argument("--insecure", action="store_true",
-                        help="allow a network address WITHOUT authentication (warns loudly)")
-    parser.add_argument("--max-bytes", type=int, default=None,
-                        help="largest message accepted, in bytes (default 64 GiB)")
-    parser.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--test-delay", type=float, default=0.0,
-                        help="TEST ONLY: hold every call this many seconds (fault-injection tests)")
-    parser.add_argument("--memory-budget", type=_size, default=None,
-                        help="bytes the resident store may hold (e.g. 2G, 512M); default: half the GPU, "
-                             "or a quarter of RAM up to 8G on the CPU")
-    parser.add_argument("--test-corrupt", action="store_true",
-                        help="TEST ONLY: return wrong answers (verification tests)")
-    opts = parser.parse_args(argv)
-    from .config import ConfigError, _device
-
-    try:
-        device = _device("--device", opts.device)
-    except ConfigError as exc:
-        parser.error(str(exc))
-    if opts.keys is not None and opts.insecure:
-        parser.error("--keys and --insecure exclude each other")
-    from .auth import KeyFileError
-    from .worker import Worker, serve
-    from .worker.server import MAX_MESSAGE_BYTES
-
-    max_bytes = MAX_MESSAGE_BYTES if opts.max_bytes is None else opts.max_bytes
-    if max_bytes <= 0:
-        parser.error("--max-bytes must be > 0")
-    security = f"CURVE, clients from {opts.keys}" if opts.keys else "no authentication"
-    print(f"fusion_shim worker: binding {opts.bind} (device {device}; {security})", file=sys.stderr, flush=True)
-    if opts.test_corrupt:
-        print("fusion_shim worker: TEST MODE --test-corrupt: every answer is wrong", file=sys.stderr, flush=True)
-    try:
-        serve(opts.bind, Worker(device, opts.test_delay, opts.test_corrupt, opts.memory_budget, max_bytes=max_bytes),
-              parent_pid=opts.parent_pid, keys=opts.keys, insecure=opts.insecure)
-    except KeyFileError as exc:
-        print(f"fusion-shim worker: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return command.main(argv)
 
 
 def keys_main(argv: list[str]) -> int:
@@ -322,21 +278,6 @@ def keys_main(argv: list[str]) -> int:
     for pair in written["clients"]:
         print(f"client:  FUSION_SHIM_SERVER_KEY={os.path.join(d, SERVER + '.key')} FUSION_SHIM_CLIENT_KEYS={pair}")
     return 0
-
-
-def _size(text: str) -> int:
-    """``123``, ``512K``, ``64M``, ``2G`` (powers of 1024)."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    t = text.strip().lower().removesuffix("b").removesuffix("i")
-    scale = units.get(t[-1:], 1)
-    number = t[:-1] if t[-1:] in units else t
-    try:
-        value = int(float(number) * scale)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a size; valid: a number of bytes, or with K, M, G, T") from None
-    if value < 0:
-        raise ValueError("a size must be >= 0")
-    return value
 
 
 def report_main(argv: list[str]) -> int:

@@ -56,7 +56,8 @@ def numpy_worker(max_bytes: int | None = None) -> Any:
     """A real :class:`Worker` (server loop, wire, validation) with NumPy kernels. SIMULATED device."""
     import numpy as np
 
-    from fusion_shim.worker.server import MAX_MESSAGE_BYTES, Worker
+    from fusion_shim.worker.server import MAX_MESSAGE_BYTES
+    from fusion_shim.worker.testing import FaultyWorker
 
     def raw(fn: Any) -> Any:
         # a worker thread inside a process running the shim must not call into the shim itself
@@ -83,7 +84,8 @@ def numpy_worker(max_bytes: int | None = None) -> Any:
             out = [np.asfortranarray(r) if lay == "F" else np.ascontiguousarray(r) for r, lay in zip(out, layouts)]
             return out, {"h2d": 0.0, "kernel": time.perf_counter() - t, "d2h": 0.0}
 
-    return Worker(backend=NumpyBackend(), kernels=kernels, max_bytes=max_bytes or MAX_MESSAGE_BYTES)
+    # a testing worker (delay 0, honest) so that a test may hold its calls (``worker.delay``)
+    return FaultyWorker(backend=NumpyBackend(), kernels=kernels, max_bytes=max_bytes or MAX_MESSAGE_BYTES)
 
 
 class _Injector:

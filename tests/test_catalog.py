@@ -21,6 +21,7 @@ from fusion_shim.catalog import BY_NAME, CATALOG, NOT_ARRAY_FUNCTIONS, NOT_OFFLO
 
 torch = pytest.importorskip("torch")
 from fusion_shim.worker import kernels, numba_kernels  # noqa: E402  (the worker side needs torch)
+from fusion_shim.worker.kernels import common, linalg, scipy_linalg  # noqa: E402
 
 
 def _public_functions(module) -> set[str]:
@@ -109,43 +110,43 @@ def t(x, dtype=torch.float64):
 
 
 def test_worker_refuses_a_nearly_singular_solve_but_not_a_well_posed_one():
-    with pytest.raises(kernels.NotReproducible):
-        kernels._solve([t([[1.0, 2.0], [2.0, 4.0 + 1e-17]]), t([1.0, 1.0])], {})
-    x = kernels._solve([t([[2.0, 1.0], [1.0, 3.0]]), t([1.0, 2.0])], {})[0]
+    with pytest.raises(common.NotReproducible):
+        linalg._solve([t([[1.0, 2.0], [2.0, 4.0 + 1e-17]]), t([1.0, 1.0])], {})
+    x = linalg._solve([t([[2.0, 1.0], [1.0, 3.0]]), t([1.0, 2.0])], {})[0]
     np.testing.assert_allclose(x.numpy(), np.linalg.solve([[2.0, 1.0], [1.0, 3.0]], [1.0, 2.0]))
 
 
 def test_worker_decides_eig_realness_only_when_it_is_clear_cut():
     rotation = t([[0.0, -1.0], [1.0, 0.0]])  # eigenvalues +-i: clearly complex
-    assert kernels._eig([rotation], {"vectors": False, "real_input": True})[0].imag.abs().max() == 1
+    assert linalg._eig([rotation], {"vectors": False, "real_input": True})[0].imag.abs().max() == 1
     distinct = t([[1.0, 5.0], [0.0, 2.0]])  # 1 and 2: clearly real
-    kernels._eig([distinct], {"vectors": True, "real_input": True})
+    linalg._eig([distinct], {"vectors": True, "real_input": True})
     jordan = t([[1.0, 1.0], [0.0, 1.0]])  # a double eigenvalue: another LAPACK may split it
-    with pytest.raises(kernels.NotReproducible):
-        kernels._eig([jordan], {"vectors": True, "real_input": True})
+    with pytest.raises(common.NotReproducible):
+        linalg._eig([jordan], {"vectors": True, "real_input": True})
     stack = torch.stack([jordan, rotation])  # one clearly complex eigenvalue decides for the stack
-    kernels._eig([stack], {"vectors": False, "real_input": True})
+    linalg._eig([stack], {"vectors": False, "real_input": True})
 
 
 def test_worker_refuses_a_singular_value_next_to_the_cutoff():
     s = torch.tensor([1.0, 0.5, 3e-16], dtype=torch.float64)
-    with pytest.raises(kernels.NotReproducible):
-        kernels._check_cut(s, 3 * 2.2e-16, 3)  # matrix_rank's default tolerance for 3x3: too close
-    kernels._check_cut(s, 1e-3, 3)  # far from every singular value
-    kernels._check_cut(torch.zeros(3, dtype=torch.float64), 0.0, 3)  # the zero matrix: exactly rank 0
+    with pytest.raises(common.NotReproducible):
+        common._check_cut(s, 3 * 2.2e-16, 3)  # matrix_rank's default tolerance for 3x3: too close
+    common._check_cut(s, 1e-3, 3)  # far from every singular value
+    common._check_cut(torch.zeros(3, dtype=torch.float64), 0.0, 3)  # the zero matrix: exactly rank 0
 
 
 def test_worker_refuses_non_finite_input():
-    with pytest.raises(kernels.NotReproducible):
-        kernels._inv([t([[1.0, np.nan], [0.0, 1.0]])], {})
+    with pytest.raises(common.NotReproducible):
+        linalg._inv([t([[1.0, np.nan], [0.0, 1.0]])], {})
 
 
 def test_scipy_condition_estimate_is_a_lower_bound_close_to_the_truth():
     rng = np.random.default_rng(0)
     for n in (2, 5, 20):
         a = torch.tensor(rng.standard_normal((n, n)))
-        solve, solve_h = kernels._s_factor(a, "gen")
-        est = float(kernels._inv_norm1_estimate(solve, solve_h, a))
+        solve, solve_h = scipy_linalg._s_factor(a, "gen")
+        est = float(scipy_linalg._inv_norm1_estimate(solve, solve_h, a))
         exact = float(np.abs(np.linalg.inv(a.numpy())).sum(0).max())
         assert exact / 3 <= est <= exact * (1 + 1e-12), (n, est, exact)
 

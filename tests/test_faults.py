@@ -59,8 +59,8 @@ class Workers:
     def start(self, name: str = "w", delay: float = 0.0) -> tuple[subprocess.Popen, str]:
         url = f"ipc://{self.dir}/{name}.sock"
         cmd = [PY, "-m", "fusion_shim", "worker", "--bind", url, "--device", "cpu"]
-        if delay:
-            cmd += ["--test-delay", str(delay)]
+        if delay:  # the testing worker: the same server, every call held
+            cmd = [PY, "-m", "fusion_shim.worker.testing", "--bind", url, "--device", "cpu", "--delay", str(delay)]
         log = open(os.path.join(self.dir, f"{name}-{len(self.procs)}.log"), "ab")
         proc = subprocess.Popen(cmd, env=clean_env(FUSION_SHIM="0"), stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=log)

@@ -426,7 +426,7 @@ def test_each_op_keeps_its_own_floor_and_c_holds_the_smallest(tmp_path):
 def test_worker_self_benchmark_is_short_when_it_shares_the_programs_cpus():
     """An embedded worker (started by the program, on its CPUs) measures two small sizes per family
     and dtype while warming; a worker with its CPUs to itself measures three, up to larger ones."""
-    from fusion_shim.worker.kernels import TorchBackend
+    from fusion_shim.worker.backend import TorchBackend
 
     backend = TorchBackend("cpu")
     shared, own = backend.warm(shared=True), backend.warm()
@@ -449,7 +449,7 @@ def test_a_cpu_workers_self_benchmark_beside_other_processes_is_taken_again():
     """A benchmark taken while other processes computed on the worker's CPUs read their load as its
     rate (float64 products at 47 GFLOP/s against 74-83 in quiet starts, on 2 cores): it is taken again
     after a pause, each point keeps its best time, and the hello says what the load was."""
-    from fusion_shim.worker.kernels import BENCH_ATTEMPTS, bench_until_clean
+    from fusion_shim.worker.bench import BENCH_ATTEMPTS, bench_until_clean
 
     def sampler(shares):  # fake cpu_sample()s: each measurement's interval has the next share busy
         clock = {"t": 0.0, "busy": 0.0, "i": 0, "open": False}
@@ -527,7 +527,7 @@ def test_a_fork_waits_for_a_calibration_probe_computing_on_another_thread():
 def test_the_benchmarks_load_check_counts_other_processes_not_this_one():
     """What the worker's benchmark check reads: another process spinning on one of this process's
     CPUs is a share of them; this process's own computing is not."""
-    from fusion_shim.worker.kernels import cpu_sample, others_share
+    from fusion_shim.worker.bench import cpu_sample, others_share
 
     ncpu = len(os.sched_getaffinity(0))
     before = cpu_sample()
@@ -565,7 +565,8 @@ def test_a_decomposition_the_worker_could_not_time_is_reported_not_claimed(monke
     """A kernel that fails in the worker's self-benchmark is not claimed (its calls are priced off the
     family's curve), and the client says which one and why, instead of nothing."""
     from fusion_shim.catalog import BY_NAME
-    from fusion_shim.worker import kernels
+    from fusion_shim.worker import bench as kernels  # the self-benchmark reads its kernel table
+    from fusion_shim.worker.backend import TorchBackend
 
     spec_ids = {op: BY_NAME[op].kernel_id for op, _ in kernels.OPS_BENCH}
     broken = dict(kernels.KERNELS)
@@ -575,7 +576,7 @@ def test_a_decomposition_the_worker_could_not_time_is_reported_not_claimed(monke
 
     broken[spec_ids["numpy.linalg.qr"]] = no_qr
     monkeypatch.setattr(kernels, "KERNELS", broken)
-    ops, failed = kernels.TorchBackend("cpu")._bench_ops(32, repeat=1)
+    ops, failed = kernels.bench_ops(TorchBackend("cpu"), 32, repeat=1)
     assert "numpy.linalg.qr/f8" not in ops and "numpy.linalg.svd/f8" in ops
     assert failed == {"numpy.linalg.qr": "RuntimeError: not on this device"}
     events = []
@@ -594,9 +595,10 @@ def test_worker_times_each_decomposition_through_its_own_kernel():
 
     from fusion_shim.catalog import BY_NAME, prepare
     from fusion_shim.catalog.base import original
-    from fusion_shim.worker.kernels import OPS_BENCH, TorchBackend
+    from fusion_shim.worker.backend import TorchBackend
+    from fusion_shim.worker.bench import OPS_BENCH, bench_ops
 
-    ops, failed = TorchBackend("cpu")._bench_ops(64, repeat=1)
+    ops, failed = bench_ops(TorchBackend("cpu"), 64, repeat=1)
     assert failed == {}
     a = np.eye(64) * 2.0
     for op, kwargs in OPS_BENCH:
@@ -718,11 +720,12 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
     worker is not faulted, the whole wait is charged to the budget and the op is priced at least that
     there. On one that does, it is waited for (the abandoned call would slow the local one)."""
     from fusion_shim.worker import serve_in_thread
+    from fusion_shim.worker.testing import FaultyWorker
 
     from fusion_shim import runtime
 
     url = f"inproc://fusion-shim-tests-slow-explore-{os.getpid()}"
-    thread, stop = serve_in_thread(url, device="cpu", test_delay=0.4)
+    thread, stop = serve_in_thread(url, worker=FaultyWorker("cpu", delay=0.4))
     a = RNG.standard_normal((64, 64))
     want = a @ a.T
     rt = fusion_shim.install(policy="auto", worker=url, quiet=True, timeout=30.0)

@@ -130,7 +130,7 @@ def test_deadline_follows_the_prediction(monkeypatch):
         with bypassed():
             want = a @ a
         # unmeasured: an uncalibrated prediction is not trusted, the deadline is the 20 s cap
-        worker.test_delay = 0.6
+        worker.delay = 0.6
         np.testing.assert_allclose(np.matmul(a, a), want)
         assert last(rt).kind == "worker"
         device = rt.planner.profile.workers[0].device
@@ -138,12 +138,12 @@ def test_deadline_follows_the_prediction(monkeypatch):
         call = last(rt).plan[0]  # what the planner priced
         # the 0.6 s went to the link model (the delay is outside the worker's kernel time); a few
         # prompt answers bring it back (StarPU's rule resets it to the connect-time round trip)
-        worker.test_delay = 0.0
+        worker.delay = 0.0
         for _ in range(3):
             np.testing.assert_allclose(np.matmul(a, a), want)
         predicted_before = device.predict(call.op, call.family, call.dtype, call.flops)[0]
         # measured: the deadline is max(floor, 20 x predicted) = 0.3 s here, far below the cap
-        worker.test_delay = 1.5
+        worker.delay = 1.5
         t = time.monotonic()
         np.testing.assert_array_equal(np.matmul(a, a), want)
         took = time.monotonic() - t

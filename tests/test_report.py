@@ -96,9 +96,10 @@ def test_trace_is_well_formed(shim):
 @pytest.fixture(scope="module")
 def corrupt_worker():
     from fusion_shim.worker import serve_in_thread
+    from fusion_shim.worker.testing import FaultyWorker
 
     url = f"inproc://fusion-shim-corrupt-{os.getpid()}"
-    thread, stop = serve_in_thread(url, device="cpu", test_corrupt=True)
+    thread, stop = serve_in_thread(url, worker=FaultyWorker("cpu", corrupt=True))
     yield url
     stop.set()
     thread.join(5)
@@ -178,8 +179,8 @@ def test_checks_are_sampled_and_kept_apart(shim):
 
 def test_wrong_worker_through_the_launcher(tmp_path):
     url = f"ipc://{tmp_path}/w.sock"
-    worker = subprocess.Popen([sys.executable, "-m", "fusion_shim", "worker", "--bind", url, "--device", "cpu",
-                               "--test-corrupt"], stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen([sys.executable, "-m", "fusion_shim.worker.testing", "--bind", url, "--device", "cpu",
+                               "--corrupt"], stderr=subprocess.DEVNULL)
     try:
         prog = tmp_path / "app.py"
         prog.write_text(textwrap.dedent("""

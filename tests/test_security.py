@@ -393,8 +393,10 @@ def test_ndim_limit_is_64():
 
 DEFAULT_PATH = ["protocol/wire.py", "protocol/fingerprint.py", "transport/__init__.py", "runtime.py", "auth.py", "config.py", "catalog/__init__.py",
                 "catalog/base.py", "catalog/products.py", "catalog/linalg.py", "catalog/fft.py", "catalog/scipy.py",
-                "catalog/numba.py", "transport/shm.py",
-                "plan/__init__.py", "ledger.py", "intercept/__init__.py", "worker/server.py", "worker/kernels.py",
+                "catalog/numba.py", "transport/shm.py", "transport/shm_common.py",
+                "transport/shm_client.py", "transport/shm_worker.py",
+                "plan/__init__.py", "ledger.py", "intercept/__init__.py", "worker/server.py", "worker/kernels/__init__.py",
+                "worker/backend.py", "worker/bench.py",
                 "worker/__init__.py", "report/__init__.py", "cli.py", "__init__.py", "_bootstrap.py"]
 # copyreg is not a deserialiser (a registry every interpreter imports at start-up); the C fast path
 # registers how its proxies pickle by name, like the functions they stand for (issue 3)

@@ -22,7 +22,7 @@ import fusion_shim
 from conftest import last_record
 from fusion_shim.protocol import wire
 from fusion_shim.config import Config, ConfigError
-from fusion_shim.transport import Channel, shm
+from fusion_shim.transport import Channel, shm, shm_client
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="no /dev/shm on this machine")
 
@@ -35,7 +35,7 @@ def names_of(pid: int) -> list[str]:
 
 @pytest.fixture
 def every_buffer_on_shm(monkeypatch):
-    monkeypatch.setattr(shm, "MIN_BYTES", 0)
+    monkeypatch.setattr(shm_client, "MIN_BYTES", 0)  # where the client reads it
 
 
 # --- results are the program's arrays, on reused segments ---------------------------------------------
@@ -144,7 +144,8 @@ def test_worker_answers_a_bad_segment_with_an_error_and_stays_up(every_buffer_on
 
 def _start_worker(tmp_path, *extra):
     url = f"ipc://{tmp_path}/w.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "fusion_shim", "worker", "--bind", url, "--device", "cpu", *extra],
+    entry = ["fusion_shim.worker.testing"] if extra else ["fusion_shim", "worker"]  # the testing worker takes --delay
+    proc = subprocess.Popen([sys.executable, "-m", *entry, "--bind", url, "--device", "cpu", *extra],
                             stderr=subprocess.DEVNULL)
     return url, proc
 
@@ -175,12 +176,12 @@ CLIENT = textwrap.dedent("""
     kept = np.matmul(a, a)          # a result the program holds, on a segment
     b = np.ones((600, 600))         # another size: new segments, their names still in /dev/shm
     print("calling", flush=True)
-    np.matmul(b, b)                 # the worker holds this one (--test-delay): killed meanwhile
+    np.matmul(b, b)                 # the worker holds this one (--delay): killed meanwhile
 """)
 
 
 def test_sigkill_of_the_client_leaves_no_segment(tmp_path):
-    url, worker = _start_worker(tmp_path, "--test-delay", "1.5")
+    url, worker = _start_worker(tmp_path, "--delay", "1.5")
     try:
         client = subprocess.Popen([sys.executable, "-c", CLIENT, url], stdout=subprocess.PIPE, text=True)
         assert client.stdout.readline().strip() == "calling"
@@ -197,7 +198,7 @@ def test_sigkill_of_the_client_leaves_no_segment(tmp_path):
 
 
 def test_sigkill_of_the_worker_leaves_no_segment(tmp_path):
-    url, worker = _start_worker(tmp_path, "--test-delay", "0.5")
+    url, worker = _start_worker(tmp_path, "--delay", "0.5")
     rt = fusion_shim.install(policy="remote", worker=url, quiet=True, timeout=2.0)
     try:
         assert rt.link.wait_ready(60)
@@ -288,7 +289,7 @@ def test_a_forked_child_does_not_write_into_the_parents_result(inproc_worker, mo
 
         assert child_writes() == 0
         assert c.max() == 256.0, "the child's write reached the parent's result"
-        monkeypatch.setattr(shm, "_POOLS", set())  # without the fork handler's work ...
+        monkeypatch.setattr(shm_client, "_POOLS", set())  # without the fork handler's work ...
         assert child_writes() == 0
         assert c.max() == 999.0  # ... the write would be shared: the test has teeth
     finally:

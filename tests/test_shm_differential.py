@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fusion_shim
-from fusion_shim.transport import shm
+from fusion_shim.transport import shm, shm_client
 
 import test_differential as diff  # its table, builders and checks
 
@@ -19,13 +19,13 @@ pytestmark = pytest.mark.skipif(not shm.available(), reason="no /dev/shm on this
 
 @pytest.fixture(scope="module")
 def shm_shim(inproc_worker):
-    old, shm.MIN_BYTES = shm.MIN_BYTES, 0  # every buffer through shared memory, even 8 bytes
+    old, shm_client.MIN_BYTES = shm_client.MIN_BYTES, 0  # every buffer through shared memory, even 8 bytes
     rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True, timeout=30.0)
     assert rt.link.wait_ready(60), rt.ledger.events
     assert rt.link.shm() is not None, f"shared memory was not negotiated: {rt.ledger.events}"
     yield rt
     fusion_shim.uninstall()
-    shm.MIN_BYTES = old
+    shm_client.MIN_BYTES = old
 
 
 @pytest.mark.parametrize("case,dtype,layout", list(diff._params()))

@@ -102,3 +102,86 @@ def test_default_wire_path_imports_no_pickle():
     pre = "import sys; before = set(sys.modules); import numpy; before = set(sys.modules);"
     out = subprocess.run([sys.executable, "-c", pre + code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# -- the messages: built and read in one place ---------------------------------------------------------
+
+def _as_received(frames):
+    return [bytes(memoryview(f)) if not isinstance(f, bytes) else f for f in frames]
+
+
+def test_a_hello_carries_its_shared_memory_offer_only_when_made():
+    from fusion_shim.protocol import messages
+
+    header, arrays = wire.decode(messages.hello(3))
+    assert header == {"v": wire.VERSION, "t": "hello", "id": 3, "arrays": []} and arrays == []
+    offer = {"boot": "b", "probe": "fshm-1-2-3-p4", "token": "0" * 32}
+    assert wire.decode(messages.hello(4, offer))[0]["shm"] == offer
+
+
+def test_a_call_header_declares_each_result_in_the_axis_order_it_travels():
+    from fusion_shim.protocol import messages
+
+    header = messages.call_header(9, "matmul", {"cdtype": "<f8"}, ["C", [1, 0, 2]],
+                                  [(np.dtype("f8"), (2, 3)), (np.dtype("c16"), (4, 5, 6))])
+    assert header == {"t": "call", "id": 9, "op": "matmul", "params": {"cdtype": "<f8"}, "layouts": ["C", [1, 0, 2]],
+                      "results": [{"dtype": "<f8", "shape": [2, 3]}, {"dtype": "<c16", "shape": [5, 4, 6]}]}
+    assert messages.call_header(9, "matmul", {}, ["C"], [("f4", (1,))], keep=True)["keep"] is True
+    assert "keep" not in header
+    decoded, _ = wire.decode(wire.encode(header, [np.zeros(2)]))
+    assert wire.declared_results(decoded["results"], 1 << 20) == [(np.dtype("f8"), (2, 3)), (np.dtype("c16"), (5, 4, 6))]
+
+
+def test_a_stats_request_names_the_segments_to_drop_only_when_there_are_some():
+    from fusion_shim.protocol import messages
+
+    assert "shm_drop" not in wire.decode(messages.stats_request(1))[0]
+    assert wire.decode(messages.stats_request(2, ["fshm-1-2-3-i4"]))[0]["shm_drop"] == ["fshm-1-2-3-i4"]
+
+
+def test_the_workers_replies_round_trip_and_take_late_keys_once():
+    from fusion_shim.protocol import messages
+
+    ready = messages.ready(1, {"pid": 5, "device": "cpu"}, 0.25, {"ok": True})
+    header, _ = wire.decode(ready.frames(shm_mapped=["fshm-1-2-3-p4"]))
+    assert header["t"] == "ready" and header["pid"] == 5 and header["shm"] == {"ok": True}
+    assert header["health_s"] == 0.25 and header["shm_mapped"] == ["fshm-1-2-3-p4"]
+    assert "shm" not in wire.decode(messages.ready(1, {}, 0.0).frames())[0]
+    header, _ = wire.decode(messages.error(2, "missing", "KeyError", "gone", missing=["a" * 32]).frames())
+    assert (header["t"], header["kind"], header["exc"], header["msg"], header["missing"]) == \
+        ("error", "missing", "KeyError", "gone", ["a" * 32])
+    header, _ = wire.decode(messages.stats(3, {"calls": 4}).frames())
+    assert header["t"] == "stats" and header["calls"] == 4
+    out = np.arange(6.0).reshape(2, 3)
+    reply = messages.result(4, {"kernel": 0.5}, [out, out.T], fps=["b" * 32, None], kept=["c" * 32], evicted=[])
+    header, (a, b) = wire.decode(_as_received(reply.frames()))
+    assert header["t"] == "result" and header["timing"] == {"kernel": 0.5} and header["kept"] == ["c" * 32]
+    assert header["arrays"][0]["fp"] == "b" * 32 and "fp" not in header["arrays"][1]
+    np.testing.assert_array_equal(a, out)
+    np.testing.assert_array_equal(b, out.T)
+
+
+def test_a_result_placed_in_shared_memory_names_its_slot_instead_of_a_frame():
+    from fusion_shim.protocol import messages
+
+    slot = {"name": "fshm-1-2-3-o4", "offset": 0}
+    frames = messages.result(5, {}, [np.zeros(4), np.ones(2)], locs=[slot, None]).frames()
+    header = wire.decode_header(frames[0])
+    assert header["arrays"][0]["shm"] == slot and "shm" not in header["arrays"][1]
+    assert len(frames) == 2  # the header and the one result that travels as a frame
+
+
+def test_read_timing_gives_the_workers_phases_kept_and_evicted():
+    from fusion_shim.protocol import messages
+
+    out = np.zeros((300, 300))
+    header, _ = wire.decode(messages.result(
+        6, {"h2d": 0.1, "kernel": 0.2, "d2h": 0.3, "fingerprint": 0.05, "oom_retry": 1.0, "other": 9.0},
+        [out, out], fps=["d" * 32, None], kept=["e" * 32], evicted=["f" * 32]).frames())
+    t = messages.read_timing(header)
+    assert t.phases == {"h2d": 0.1, "kernel": 0.2, "d2h": 0.3} and t.fingerprint == 0.05 and t.oom_retry
+    assert t.kept == {"e" * 32} and t.evicted == ("f" * 32,) and t.result_fps == ("d" * 32, None)
+    bare = messages.read_timing({"t": "result", "id": 7, "timing": {"kernel": "fast"}})
+    assert bare.phases == {} and bare.fingerprint == 0.0 and not bare.oom_retry
+    assert bare.kept == frozenset() and bare.evicted == () and bare.result_fps == ()
+    assert messages.read_timing({"t": "result", "id": 8, "timing": None}).phases == {}

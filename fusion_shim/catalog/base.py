@@ -14,6 +14,7 @@ import importlib
 import inspect
 import math
 import operator
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -280,11 +281,12 @@ def tiny(a: ndarray, core: tuple = (), fill: str = "zeros", dtype: Any = None) -
 def unwrap(fn: Any) -> Any:
     """The function behind the shim's wrapper (only the shim's: NumPy's dispatchers and SciPy's
     batching decorators carry ``__wrapped__`` too, and must stay in place). The shim wraps with a
-    ``wrapt.FunctionWrapper`` or, with its C extension, a ``wrapt.ObjectProxy`` subclass."""
-    import wrapt
-
-    ours = isinstance(fn, wrapt.FunctionWrapper) or (  # the wrapt path, or the C fast path (issue 3)
-        isinstance(fn, wrapt.ObjectProxy) and type(fn).__module__ == "fusion_shim.intercept.native")
+    ``wrapt.FunctionWrapper`` or, with its C extension, a ``wrapt.ObjectProxy`` subclass of its own."""
+    wrapt = sys.modules.get("wrapt")
+    if wrapt is None:  # not imported: nothing in this process was wrapped by the shim
+        return fn
+    ours = isinstance(fn, wrapt.FunctionWrapper) or (  # the wrapt path, or the C fast path's proxy class
+        isinstance(fn, wrapt.ObjectProxy) and type(fn).__module__.partition(".")[0] == __name__.partition(".")[0])
     return fn.__wrapped__ if ours else fn
 
 

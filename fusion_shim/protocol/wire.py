@@ -17,7 +17,7 @@ Per type:
 
 - ``hello``: nothing more. Answered with ``ready`` once the worker is warm, and only after a health
   check that does real device work (a small matmul through the same path as a call, its answer
-  compared exactly); a worker that fails it answers ``error`` of kind ``unhealthy`` (issue 8).
+  compared exactly); a worker that fails it answers ``error`` of kind ``unhealthy``.
 - ``ready``: ``pid`` (int), ``device`` (str), ``torch`` (str), ``bench`` (the worker's self-benchmark:
   one float64 GFLOP/s per family, ``points`` per "family/dtype" and ``ops`` per "op/dtype", each a
   list of [flops, seconds]; a CPU worker adds ``others_busy``, the share of its CPUs other processes
@@ -31,7 +31,7 @@ Per type:
   C order, and the client transposes it back), ``results`` (list, one per result array: ``{"dtype", "shape"}``,
   what the client expects back). The declared results count against the worker's byte budget
   before the kernel runs, and a kernel whose results differ from them is answered with an error,
-  never sent (issue 8).
+  never sent.
 - ``result``: ``arrays`` (array metas of the result buffers), ``timing`` (map of phase name to
   seconds measured on the worker: ``h2d``, ``kernel``, ``d2h``).
 - ``stats``: asked with nothing more; answered with ``calls``, ``bytes_in``, ``bytes_out``: the
@@ -41,7 +41,7 @@ Per type:
 An array meta is a map ``{"dtype": str, "shape": [int, ...], "order": "C" | "F"}``. ``dtype`` is a
 NumPy dtype string from ``DTYPES`` (native byte order only); the rank is at most ``MAX_NDIM``;
 its buffer frame holds exactly
-``prod(shape) * itemsize`` bytes laid out in ``order``. Residency (issue 6) adds two optional keys:
+``prod(shape) * itemsize`` bytes laid out in ``order``. Residency adds two optional keys:
 ``fp``, the array's content fingerprint (32 hex digits, :func:`fusion_shim.protocol.fingerprint.fingerprint`),
 which in a call asks the worker to keep the array and in a result says the worker kept it; and
 ``ref: true``, in a call only, for an array sent by reference: it has *no* buffer frame and the worker
@@ -51,7 +51,7 @@ follow the header in the order of the metas that are not references. A ``result`
 ``kept`` (the call's input fingerprints the worker now holds) and ``evicted`` (fingerprints it
 dropped from its store to make room).
 
-Shared memory (issue 9, :mod:`fusion_shim.transport.shm`), on a same-host link that negotiated it:
+Shared memory (:mod:`fusion_shim.transport.shm`), on a same-host link that negotiated it:
 
 - ``hello`` may carry ``shm``: ``{"boot": str, "probe": str, "token": str}`` (the client's boot id
   and a probe segment holding ``token``); ``ready`` then carries ``shm``: ``{"ok": bool}`` and, when
@@ -148,7 +148,7 @@ def encode(header: dict, arrays: Iterable[np.ndarray] = (), fps: Sequence[str | 
 def encode_wired(header: dict, wired: Sequence[tuple[dict, Any]], fps: Sequence[str | None] | None = None,
                  refs: Iterable[int] = (), place: Place | None = None) -> list:
     """:func:`encode` for arrays already through :func:`to_wire` (the fingerprint needed them).
-    ``place(meta, buf)`` may put a buffer into shared memory and return its ``shm`` locator (issue 9);
+    ``place(meta, buf)`` may put a buffer into shared memory and return its ``shm`` locator;
     None sends it as a frame. References are never placed."""
     refs = set(refs)
     metas, bufs = [], []
@@ -244,7 +244,7 @@ def _check_meta(meta: Any, nbytes: int | None) -> tuple[np.dtype, tuple[int, ...
 def decode(frames: Sequence[Any], max_bytes: int = 1 << 40, segments: Any = None) -> tuple[dict, list[np.ndarray]]:
     """Validate a message and return its header and its arrays (zero-copy views on the frames).
     ``segments`` resolves ``shm`` metas (``segments.array(loc, dtype, shape, order)``): the worker's
-    mapper or the client's request (issue 9); without it a ``shm`` meta is an error."""
+    mapper or the client's request; without it a ``shm`` meta is an error."""
     if not frames:
         raise WireError("empty message")
     if len(frames) > MAX_FRAMES:
@@ -282,7 +282,7 @@ def decode(frames: Sequence[Any], max_bytes: int = 1 << 40, segments: Any = None
         else:
             buf = next(frame_of)
             checked.append((_check_meta(meta, buf.nbytes), buf))
-    # bytes in segments count like bytes in frames (issue 9): checked before anything is mapped
+    # bytes in segments count like bytes in frames: checked before anything is mapped
     total += sum(math.prod(shape) * dt.itemsize for s, ((dt, shape, _), _) in zip(is_shm, checked) if s)
     if total > max_bytes:
         raise WireError(f"message carries {total} bytes, over the limit of {max_bytes}")

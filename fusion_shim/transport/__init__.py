@@ -2,14 +2,14 @@
 ``ipc://`` (a unix socket, the embedded worker) and ``tcp://`` (a worker on another host). All three
 are ZeroMQ: the client holds a DEALER socket per thread, the worker one ROUTER.
 
-On the same host, buffers can bypass the socket through shared memory (issue 9): :mod:`.shm`; the
+On the same host, buffers can bypass the socket through shared memory: :mod:`.shm`; the
 socket still carries every header, and stays the fallback.
 
 The one operation a caller needs is :meth:`Channel.request`: send a message and wait, up to a
 deadline, for the reply that carries the same request id. Failures are grouped by what the caller
 can do about them: every :class:`TransportError` means "compute locally and record why".
 
-A waiting client learns that its worker is gone without waiting out the deadline (issue 8). A
+A waiting client learns that its worker is gone without waiting out the deadline. A
 killed worker closes its connections at once; a stopped or unreachable one is found by heartbeats:
 next to its data socket each channel holds a *pulse* socket to the same worker that carries no
 messages, only ZMTP heartbeats (``HEARTBEAT_IVL_MS``), dropped after ``HEARTBEAT_TIMEOUT_MS``
@@ -36,7 +36,7 @@ from ..protocol import wire
 SCHEMES = ("inproc", "ipc", "tcp")
 POLL_SLICE_S = 0.05  # how often a waiting client checks that its worker is still there
 HEARTBEAT_IVL_MS = 250
-HEARTBEAT_TIMEOUT_MS = 1000  # a stopped worker is noticed about this long after its last answer (issue 8)
+HEARTBEAT_TIMEOUT_MS = 1000  # a stopped worker is noticed about this long after its last answer
 RECONNECT_IVL_MS = 20        # a restarted worker is found this soon (libzmq's default is 100 ms),
 RECONNECT_IVL_MAX_MS = 1000  # backing off to once a second while it stays away
 _WATCHED = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
@@ -146,7 +146,7 @@ class Channel:
     """A client's connection to one worker, used by one thread at a time.
 
     ``curve``: ``(server_public, client_public, client_secret)`` (z85 bytes) to speak CURVE, or None.
-    A forked child never uses its parent's channel: callers compare ``pid`` (issue 8)."""
+    A forked child never uses its parent's channel: callers compare ``pid``."""
 
     def __init__(self, url: str, curve: tuple[bytes, bytes, bytes] | None = None):
         check_url(url)
@@ -196,7 +196,7 @@ class Channel:
                 sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = curve
             sock.connect(url)
         self.pulse_up = False
-        # what the last request() put on and took off this socket, counted at the socket (issue 7)
+        # what the last request() put on and took off this socket, counted at the socket
         self.last_send_s = 0.0
         self.last_bytes_sent = 0
         self.last_bytes_received = 0
@@ -255,7 +255,7 @@ class Channel:
         segments: Any = None,
     ) -> tuple[dict, list]:
         """Send ``frames`` and return the decoded reply with id ``rid``; raise TransportError.
-        ``segments`` resolves results in shared memory (issue 9, :mod:`.shm`): only for this
+        ``segments`` resolves results in shared memory (:mod:`.shm`): only for this
         request's own reply, so a late reply to another is dropped before its arrays are looked at."""
         try:
             # what the data socket's monitor says before the request leaves is not about it

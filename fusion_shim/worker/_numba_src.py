@@ -1,4 +1,4 @@
-"""The numba.cuda kernel sources (issue 9), imported only where numba can run them
+"""The numba.cuda kernel sources, imported only where numba can run them
 (:func:`fusion_shim.worker.numba_kernels.numba_mode`). ``cuda`` must be a module global: under
 ``NUMBA_ENABLE_CUDASIM=1`` the simulator replaces the global it finds in a kernel's module."""
 from numba import cuda

@@ -1,4 +1,4 @@
-"""Kernels written with numba.cuda for the rows of :mod:`fusion_shim.catalog.numba` (issue 9).
+"""Kernels written with numba.cuda for the rows of :mod:`fusion_shim.catalog.numba`.
 
 Where they run, said plainly in the worker's ``ready`` reply (``numba``) and on its stderr:
 

@@ -1,10 +1,11 @@
 """The worker: a ZeroMQ ROUTER that answers ``hello`` once warm and ``call`` with a kernel's results.
 
-It imports neither wrapt nor the planner. Every request is validated (:func:`fusion_shim.protocol.wire.decode`)
-before anything is allocated; whatever a request does wrong is answered with an ``error`` reply and
-the loop goes on: a client can make a call fail, never the worker.
+It imports nothing of the client side (no interceptor, planner or ledger). Every request is
+validated (:func:`fusion_shim.protocol.wire.decode`) before anything is allocated; whatever a
+request does wrong is answered with an ``error`` reply and the loop goes on: a client can make a
+call fail, never the worker.
 
-Issue 8 (security and faults):
+Security and faults:
 
 - It binds loopback or ``ipc://`` unless told otherwise. A network address needs ``keys`` (CURVE
   with a ZAP allow-list, :mod:`fusion_shim.auth`; also usable on loopback) or ``insecure=True``,
@@ -17,12 +18,12 @@ Issue 8 (security and faults):
   it locally).
 - ``hello`` runs a health check through the same path as a call and compares the answer exactly.
 
-Issue 6 (residency): inputs a client tags with a fingerprint and results of at least
-``residency.RESIDENT_MIN`` bytes stay on the device in :class:`.store.ResidentStore`; a reference
+Residency: inputs a client tags with a fingerprint and results of at least
+``protocol.fingerprint.RESIDENT_MIN`` bytes stay on the device in :class:`.store.ResidentStore`; a reference
 the store does not hold is answered ``missing``. A backend without ``to_device`` / ``compute`` /
 ``to_host`` (a test backend) keeps nothing and answers every reference ``missing``.
 
-Issue 9: on a same-host link (``ipc://``, ``inproc://``) clients may put buffers in shared memory
+Shared memory: on a same-host link (``ipc://``, ``inproc://``) clients may put buffers in shared memory
 (:mod:`fusion_shim.transport.shm`): inputs are read from the client's segments (staged to a GPU
 through pinned memory), results are written into the slots a call offers, and the segments of a
 client that died are swept while idle. Kernels written with numba.cuda (:mod:`.numba_kernels`) join
@@ -39,20 +40,20 @@ import threading
 import time
 from typing import Any
 
-import msgpack
 import numpy as np
 import zmq
 
-from ..protocol import wire
+from ..protocol import messages, wire
 from ..protocol.fingerprint import RESIDENT_MIN, fingerprint
 from ..transport import check_url, context, is_loopback, send_frames
-from ..transport import shm as shmlane
+from ..transport import shm_common
+from ..transport.shm_worker import ShmMapper
 from .store import ResidentStore, default_budget
 
 MAX_MESSAGE_BYTES = 1 << 36
 ALIGN = 16  # bytes: inputs a CPU kernel reads in place start at a multiple of this
 # FFT sizes name an output length: each must fit the declared results (rfft gives n // 2 + 1)
-# (numba kernels, issue 9: bincount's number of bins, correlate's output length)
+# (numba kernels: bincount's number of bins, correlate's output length)
 SIZE_PARAMS = {"fft.": ("n", "s"), "numba.bincount": ("n",), "numba.correlate": ("length",)}
 _HEALTH_A = np.array([[1.0, 2.0], [3.0, 4.0]])
 _HEALTH_B = np.array([[5.0, 6.0], [7.0, 8.0]])
@@ -63,35 +64,33 @@ class Worker:
     """``backend`` and ``kernels`` default to torch (:mod:`.kernels`); tests may give a NumPy pair
     (a backend has ``device``, ``warm()``, ``run(kernel, arrays, params, layouts)``)."""
 
-    def __init__(self, device: str = "auto", test_delay: float = 0.0, test_corrupt: bool = False,
-                 memory_budget: int | None = None, *, max_bytes: int = MAX_MESSAGE_BYTES,
-                 backend: Any = None, kernels: dict | None = None):
+    def __init__(self, device: str = "auto", memory_budget: int | None = None, *,
+                 max_bytes: int = MAX_MESSAGE_BYTES, backend: Any = None, kernels: dict | None = None):
         self.numba = "unavailable: a test backend"
         if backend is None:
-            from .kernels import KERNELS, TorchBackend  # torch only here, on the worker side
+            from .backend import TorchBackend  # torch only here, on the worker side
+            from .kernels import KERNELS
             from .numba_kernels import numba_kernels
 
             backend = TorchBackend(device)
-            extra, self.numba = numba_kernels(backend.device.type)  # issue 9: where they can run
+            extra, self.numba = numba_kernels(backend.device.type)  # where they can run
             kernels = {**KERNELS, **extra}
         self.kernels = kernels
         self.backend = backend
         self.max_bytes = max_bytes
-        self.test_delay = test_delay  # test-only: hold every call this long, to kill it mid-call
-        self.test_corrupt = test_corrupt  # test-only: return wrong answers, for verification tests
         self.traffic = {"calls": 0, "bytes_in": 0, "bytes_out": 0}  # call messages, counted at the socket
         self.info: dict[str, Any] = {}
         self.last_was_call = False
-        self.resident = hasattr(backend, "compute")  # residency needs a device-level backend (issue 6)
+        self.resident = hasattr(backend, "compute")  # residency needs a device-level backend
         budget = memory_budget if memory_budget is not None else (
             default_budget(backend.device) if self.resident else 0)
         self.store = ResidentStore(budget)
-        self.shm: shmlane.ShmMapper | None = None  # clients' segments, on a same-host link (issue 9)
+        self.shm: ShmMapper | None = None  # clients' segments, on a same-host link
 
     def enable_shm(self, url: str) -> None:
         """Offer the shared-memory lane to clients of ``url``: same-host schemes only, never tcp."""
-        if check_url(url) in ("ipc", "inproc") and shmlane.available():
-            self.shm = shmlane.ShmMapper()
+        if check_url(url) in ("ipc", "inproc") and shm_common.available():
+            self.shm = ShmMapper()
 
     def idle(self) -> None:
         if self.shm is not None:
@@ -100,7 +99,7 @@ class Worker:
     def warm(self, shared: bool = False) -> None:
         """Warm up and self-benchmark; ``shared``: this worker shares its CPUs with the program that
         started it (an embedded worker), so its benchmark stays short."""
-        if self.numba == "simulator":  # issue 9: never mistaken for a GPU run
+        if self.numba == "simulator":  # never mistaken for a GPU run
             print("fusion_shim worker: numba kernels run under numba's CUDA SIMULATOR (NUMBA_ENABLE_CUDASIM=1): "
                   "for tests only, far slower than NumPy", file=sys.stderr, flush=True)
         # a backend's warm() takes no argument (a test backend's, say); torch's also takes ``shared``
@@ -108,10 +107,9 @@ class Worker:
         bench = self.backend.warm(shared=shared) if takes_shared else self.backend.warm()
         torch = sys.modules.get("torch")  # loaded by the torch backend; a test backend has none
         self.info = {"pid": os.getpid(), "device": str(self.backend.device),
-                     "torch": getattr(torch, "__version__", "none"), "bench": bench, "test_delay": self.test_delay,
-                     "test_corrupt": self.test_corrupt, "memory_budget": self.store.budget,
+                     "torch": getattr(torch, "__version__", "none"), "bench": bench, "memory_budget": self.store.budget,
                      "numba": self.numba, "kernels": sorted(self.kernels),
-                     "boot": shmlane.boot_id()}  # which machine: a client there shares its CPUs (issue 5)
+                     "boot": shm_common.boot_id()}  # which machine: a client there shares its CPUs
 
     def health(self) -> str | None:
         """A small matmul through the call path (to the device and back), its answer checked
@@ -127,13 +125,11 @@ class Worker:
     def handle(self, frames: list) -> list:
         """One request in, one reply out; never raises."""
         reply = self._handle(frames)
-        if self.shm is not None:
-            mapped = self.shm.take_new()
-            if mapped:  # the client may now unlink these names (issue 9)
-                reply = _amend(reply, shm_mapped=mapped)
-        return reply
+        mapped = self.shm.take_new() if self.shm is not None else None
+        # the client may unlink the names mapped while handling it
+        return reply.frames(shm_mapped=mapped) if mapped else reply.frames()
 
-    def _handle(self, frames: list) -> list:
+    def _handle(self, frames: list) -> messages.Reply:
         rid = 0
         self.last_was_call = False
         try:
@@ -145,84 +141,97 @@ class Worker:
             self.last_was_call = kind == "call"
             if kind == "stats":
                 shm_stats = {**self.shm.stats, "shm_live": len(self.shm)} if self.shm is not None else {}
-                return wire.encode({"t": "stats", "id": rid, **self.traffic, **self.store.stats(), **shm_stats})
+                return messages.stats(rid, {**self.traffic, **self.store.stats(), **shm_stats})
             if kind == "hello":
                 t = time.perf_counter()
                 sick = self.health()
                 if sick is not None:
-                    return _error(rid, "unhealthy", "HealthCheck", sick)
-                extra = {}
+                    return messages.error(rid, "unhealthy", "HealthCheck", sick)
+                shm = None
                 if "shm" in header:
-                    extra["shm"] = (self.shm.answer_probe(header["shm"]) if self.shm is not None
-                                    else {"ok": False, "why": "this worker's link is not same-host (ipc://)"})
-                return wire.encode({"t": "ready", "id": rid, **self.info, **extra, "health_s": time.perf_counter() - t})
+                    shm = (self.shm.answer_probe(header["shm"]) if self.shm is not None
+                           else {"ok": False, "why": "this worker's link is not same-host (ipc://)"})
+                return messages.ready(rid, self.info, time.perf_counter() - t, shm)
             if kind != "call":
-                return _error(rid, "bad_request", "WireError", f"a worker does not accept {kind!r}")
+                return messages.error(rid, "bad_request", "WireError", f"a worker does not accept {kind!r}")
             return self._call(rid, header, arrays)
         except wire.WireError as exc:
-            return _error(rid, "version" if "version" in str(exc) else "bad_request", "WireError", str(exc))
+            return messages.error(rid, "version" if "version" in str(exc) else "bad_request", "WireError", str(exc))
         except Exception as exc:  # the boundary: any fault becomes a reply, the loop stays up
-            return _error(rid, "kernel_error", type(exc).__name__, str(exc))
+            return messages.error(rid, "kernel_error", type(exc).__name__, str(exc))
 
-    def _call(self, rid: int, header: dict, arrays: list) -> list:
+    def _call(self, rid: int, header: dict, arrays: list) -> messages.Reply:
+        try:
+            admitted = self._admit(header, arrays)
+        except _Refusal as no:
+            return messages.error(rid, no.kind, no.exc, str(no))
+        return self._execute(rid, header, arrays, *admitted)
+
+    def _admit(self, header: dict, arrays: list) -> tuple[Any, list, list, list]:
+        """The call's kernel, declared results, result slots and their mapped bytes; raises
+        :class:`_Refusal` for a call that is not admitted."""
         kernel = self.kernels.get(header.get("op"))
         if kernel is None:
-            return _error(rid, "unknown_op", "KeyError", f"no kernel {header.get('op')!r}")
+            raise _Refusal("unknown_op", "KeyError", f"no kernel {header.get('op')!r}")
         params, layouts = header.get("params"), header.get("layouts")
         if not isinstance(params, dict) or not isinstance(layouts, list) or "cdtype" not in params:
-            return _error(rid, "bad_request", "WireError", "a call needs 'params' with 'cdtype' and 'layouts'")
+            raise _Refusal("bad_request", "WireError", "a call needs 'params' with 'cdtype' and 'layouts'")
         if not isinstance(params["cdtype"], str) or params["cdtype"] not in wire.DTYPES:
-            return _error(rid, "bad_request", "WireError", f"cdtype {params['cdtype']!r} is not accepted")
+            raise _Refusal("bad_request", "WireError", f"cdtype {params['cdtype']!r} is not accepted")
         declared = wire.declared_results(
             header.get("results"), self.max_bytes - sum(a.nbytes for a in arrays if not isinstance(a, wire.Ref)))
         if len(declared) != len(layouts):
-            return _error(rid, "bad_request", "WireError", f"{len(declared)} declared results, {len(layouts)} layouts")
+            raise _Refusal("bad_request", "WireError", f"{len(declared)} declared results, {len(layouts)} layouts")
         too_big = _size_params_over(header["op"], params, declared)
         if too_big:
-            return _error(rid, "bad_request", "WireError", too_big)
+            raise _Refusal("bad_request", "WireError", too_big)
         slots = header.get("out_shm") if self.shm is not None else None
         if not isinstance(slots, list) or len(slots) != len(declared):
             slots = [None] * len(declared)
-        # result slots in the client's segments (issue 9), mapped before the kernel: a bad one is
+        # result slots in the client's segments, mapped before the kernel: a bad one is
         # a bad request, and a result is written straight into its slot
         dests = [self.shm.out_view(slot, math.prod(shape) * dt.itemsize) if slot is not None else None
                  for slot, (dt, shape) in zip(slots, declared)]
-        if self.test_delay:
-            time.sleep(self.test_delay)
+        return kernel, declared, dests, slots
+
+    def _execute(self, rid: int, header: dict, arrays: list, kernel: Any, declared: list, dests: list,
+                 slots: list) -> messages.Reply:
+        """Run an admitted call; its ``result`` reply, or an ``error`` one."""
+        params, layouts = header["params"], header["layouts"]
         extra: dict[str, Any] = {}
         try:
             if self.resident:
                 results, timing, extra = self._run_resident(kernel, header, arrays, params, layouts, dests)
                 if "missing" in extra:
-                    return _error(rid, "missing", "KeyError", f"{len(extra['missing'])} inputs are not held here",
+                    return messages.error(rid, "missing", "KeyError", f"{len(extra['missing'])} inputs are not held here",
                                   missing=extra["missing"])
             else:
                 refs = [a.fp for a in arrays if isinstance(a, wire.Ref)]
                 if refs:
-                    return _error(rid, "missing", "KeyError", "this worker keeps nothing", missing=refs)
+                    return messages.error(rid, "missing", "KeyError", "this worker keeps nothing", missing=refs)
                 if _host_kernels(self.backend):
                     arrays = [_aligned(a) for a in arrays]
                 results, timing = self._run(kernel, arrays, params, layouts)
         except Exception as exc:
             kind = "out_of_memory" if _is_oom(exc) else "kernel_error"
-            return _error(rid, kind, type(exc).__name__, str(exc)[:2000])
+            return messages.error(rid, kind, type(exc).__name__, str(exc)[:2000])
         got = [(r.dtype, r.shape) for r in results]
         if got != declared:
-            return _error(rid, "kernel_error", "ResultMismatch",
+            return messages.error(rid, "kernel_error", "ResultMismatch",
                           f"kernel made {[f'{d.str}{list(s)}' for d, s in got]}, the call declared "
                           f"{[f'{d.str}{list(s)}' for d, s in declared]}")
+        return self._reply(rid, results, timing, extra, dests, slots)
+
+    def _reply(self, rid: int, results: list, timing: dict, extra: dict, dests: list,
+               slots: list) -> messages.Reply:
+        """The ``result`` reply: results in their slots where offered, the others as frames."""
         fps = extra.pop("fps", None)
-        if self.test_corrupt:
-            results, fps = [_corrupt(r) for r in results], None
-        it = iter(_place(results, dests, slots))
-        return wire.encode({"t": "result", "id": rid, "timing": timing, **extra}, results, fps=fps,
-                           place=lambda meta, buf: next(it))
+        return messages.result(rid, timing, results, fps, _place(results, dests, slots), **extra)
 
     def _run_resident(self, kernel: Any, header: dict, arrays: list, params: dict,
                       layouts: list, dests: list) -> tuple[list, dict, dict]:
-        """Inputs from the store or the message, the kernel on the device, results kept when asked
-        (issue 6). Out of memory: the store is emptied but for this call's inputs, and the call
-        runs once more (issue 8)."""
+        """Inputs from the store or the message, the kernel on the device, results kept when asked.
+        Out of memory: the store is emptied but for this call's inputs, and the call runs once more."""
         metas = header["arrays"]
         t0 = time.perf_counter()
         tensors, missing = [], []
@@ -232,12 +241,12 @@ class Worker:
                 if t is None:
                     missing.append(a.fp)
                 tensors.append(t)
-            elif "shm" in meta:  # in a client's segment (issue 9): staged through pinned memory on a GPU
+            elif "shm" in meta:  # in a client's segment: staged through pinned memory on a GPU
                 tensors.append(self.backend.to_device(a, staged=True))
             else:
                 tensors.append(self.backend.to_device(a))
         if missing:
-            self.backend.sync()  # staged copies (issue 9) land before their pinned buffers are reused
+            self.backend.sync()  # staged copies land before their pinned buffers are reused
             return [], {}, {"missing": missing}
         held = {m["fp"] for m in metas if "fp" in m}  # this call's inputs: never evicted by it
         evicted: list = []
@@ -262,7 +271,7 @@ class Worker:
         t3 = time.perf_counter()
         timing.update(h2d=t1 - t0, kernel=t2 - t1, d2h=t3 - t2)
         extra: dict[str, Any] = {"evicted": evicted}
-        if header.get("keep") is True and not self.test_corrupt:  # keep results, say their fingerprints
+        if header.get("keep") is True:  # keep results, say their fingerprints
             extra["fps"], extra["evicted"] = self._keep(results, out, held, evicted)
             timing["fingerprint"] = time.perf_counter() - t3
         extra["kept"] = [fp for fp in held if fp in self.store]  # what the client may send by reference
@@ -282,13 +291,13 @@ class Worker:
 
     def _owned(self, t: Any) -> Any:
         """A tensor the store may keep: on the CPU an input (or a result that is one) can be a view
-        on a client's segment, which the client reuses after the reply (issue 9): a copy of those."""
+        on a client's segment, which the client reuses after the reply: a copy of those."""
         if self.shm is not None and t.device.type == "cpu" and self.shm.aliases(t.data_ptr()):
             return t.clone()
         return t
 
     def _run(self, kernel: Any, arrays: list, params: dict, layouts: list) -> tuple[list, dict]:
-        """Run once; out of memory: free what can be freed and run once more (issue 8)."""
+        """Run once; out of memory: free what can be freed and run once more."""
         try:
             return self.backend.run(kernel, arrays, params, layouts)
         except Exception as exc:
@@ -308,8 +317,7 @@ def _host_kernels(backend: Any) -> bool:
 
 def _aligned(a: np.ndarray) -> np.ndarray:
     """A received buffer starts wherever ZeroMQ put it: small frames at any byte, large ones at
-    8 mod 16. torch on the CPU can crash on such data (a complex128 tensor at 8 mod 16 cast to
-    float32 segfaults torch 2.13; found by the fuzzer, issue 8): copy to fresh, aligned memory."""
+    8 mod 16; copied to fresh, aligned memory (D54: torch on the CPU can crash on such data)."""
     if a.ctypes.data % ALIGN == 0:
         return a
     out = np.empty_like(a)
@@ -353,18 +361,9 @@ def _size_params_over(op: str, params: dict, declared: list) -> str | None:
     return None
 
 
-def _corrupt(a: Any) -> Any:
-    """TEST ONLY (--test-corrupt): a wrong answer of the right type, one element off."""
-    a = a.copy()
-    if a.size:
-        flat = a.reshape(-1)
-        flat[0] = flat[0] + (1 if a.dtype.kind in "biu" else 1e-3 * (abs(flat[0]) + 1))
-    return a
-
-
 def _place(out: list, dests: list, slots: list) -> list:
     """The ``shm`` locator of each result written into its slot (copied there unless the backend
-    wrote it in place), or None for a result that travels inline (issue 9)."""
+    wrote it in place), or None for a result that travels inline."""
     locs = []
     for host, dest, slot in zip(out, dests, slots):
         if dest is None or not (host.flags.c_contiguous or host.flags.f_contiguous) or host.nbytes != dest.nbytes:
@@ -376,15 +375,12 @@ def _place(out: list, dests: list, slots: list) -> list:
     return locs
 
 
-def _amend(frames: list, **extra: Any) -> list:
-    """A reply with more header keys (re-packs only the header frame)."""
-    header = msgpack.unpackb(frames[0], raw=False)
-    header.update(extra)
-    return [msgpack.packb(header, use_bin_type=True), *frames[1:]]
+class _Refusal(Exception):
+    """A call not admitted: answered with an ``error`` reply of ``kind``."""
 
-
-def _error(rid: int, kind: str, exc: str, msg: str, **extra: Any) -> list:
-    return wire.encode({"t": "error", "id": rid, "kind": kind, "exc": exc, "msg": msg, **extra})
+    def __init__(self, kind: str, exc: str, msg: str):
+        super().__init__(msg)
+        self.kind, self.exc = kind, exc
 
 
 INSECURE_WARNING = """\
@@ -454,7 +450,7 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
     finally:
         sock.close(linger=0)
         if worker.shm is not None:
-            worker.shm.sweep(force=True)  # names left by clients that died (issue 9)
+            worker.shm.sweep(force=True)  # names left by clients that died
         if auth is not None:
             auth.stop()
         if keys is not None:
@@ -471,15 +467,14 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def serve_in_thread(url: str, device: str = "auto", test_delay: float = 0.0, worker: Worker | None = None,
-                    test_corrupt: bool = False, memory_budget: int | None = None,
-                    **serve_kwargs: Any) -> tuple[threading.Thread, threading.Event]:
+def serve_in_thread(url: str, device: str = "auto", *, worker: Worker | None = None,
+                    memory_budget: int | None = None, **serve_kwargs: Any) -> tuple[threading.Thread, threading.Event]:
     """A worker in a thread of this process (``inproc://`` URLs, or a socket): for tests and
     debugging. Returns once it is bound. The Worker object is ``thread.worker`` (tests look into
     its resident store)."""
     stop = threading.Event()
     bound = threading.Event()
-    worker = Worker(device, test_delay, test_corrupt, memory_budget) if worker is None else worker
+    worker = Worker(device, memory_budget) if worker is None else worker
     thread = threading.Thread(target=serve, args=(url, worker), kwargs={"stop": stop, "ready": bound, **serve_kwargs},
                               name="fusion-shim-worker", daemon=True)
     thread.worker = worker

@@ -1,9 +1,9 @@
-"""The worker's resident store (issue 6): device tensors kept by content fingerprint, under a byte
+"""The worker's resident store: device tensors kept by content fingerprint, under a byte
 budget, evicted least-recently-used. Inputs a client tagged with a fingerprint and results of at
-least ``residency.RESIDENT_MIN`` bytes are kept. Entries are stored C-ordered under the canonical
-identity of their bytes (:func:`fusion_shim.residency.canonical`); a reference to the same bytes in F
-order gets the transposed view. An entry is only used for a reference whose dtype and canonical
-shape match it exactly.
+least ``protocol.fingerprint.RESIDENT_MIN`` bytes are kept. Entries are stored C-ordered under the
+canonical identity of their bytes (:func:`fusion_shim.protocol.fingerprint.canonical`); a reference
+to the same bytes in F order gets the transposed view. An entry is only used for a reference whose
+dtype and canonical shape match it exactly.
 """
 from __future__ import annotations
 

@@ -1,0 +1,104 @@
+"""The messages, built and read in one place for both sides (their format: :mod:`.wire`).
+
+The worker builds its replies (:func:`ready`, :func:`result`, :func:`error`, :func:`stats`) as a
+:class:`Reply`, encoded once, after the keys that only the end of a request knows (``shm_mapped``)
+are added. The client builds its requests (:func:`hello`, :func:`call_header`, :func:`stats_request`)
+and reads what a ``result`` says beyond its arrays (:func:`read_timing`).
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import numpy as np
+
+from . import wire
+
+WORKER_PHASES = ("h2d", "kernel", "d2h")  # the worker's own time in a result's ``timing``
+
+
+class Reply(NamedTuple):
+    """A reply not yet encoded: its header, its arrays, their fingerprints, and where each array
+    already lies in a client's shared-memory slot (a locator, or None for a frame)."""
+    header: dict
+    arrays: Sequence[np.ndarray] = ()
+    fps: Sequence[str | None] | None = None
+    locs: Sequence[dict | None] | None = None
+
+    def frames(self, **extra: Any) -> list:
+        """The reply's frames, ``extra`` added to its header."""
+        header = {**self.header, **extra}
+        if self.locs is None:
+            return wire.encode(header, self.arrays, fps=self.fps)
+        it = iter(self.locs)
+        return wire.encode(header, self.arrays, fps=self.fps, place=lambda meta, buf: next(it))
+
+
+# --- the worker's replies ---------------------------------------------------------------------------
+
+def ready(rid: int, info: dict, health_s: float, shm: dict | None = None) -> Reply:
+    """A ``hello`` answered: the worker's ``info`` (pid, device, bench, ...), its answer to a
+    shared-memory offer, and how long the health check took."""
+    return Reply({"t": "ready", "id": rid, **info, **({"shm": shm} if shm is not None else {}),
+                  "health_s": health_s})
+
+
+def result(rid: int, timing: dict, results: Sequence[np.ndarray], fps: Sequence[str | None] | None = None,
+           locs: Sequence[dict | None] | None = None, **extra: Any) -> Reply:
+    """A call's results, with the worker's phases (``timing``) and ``extra`` (``kept``, ``evicted``)."""
+    return Reply({"t": "result", "id": rid, "timing": timing, **extra}, results, fps, locs)
+
+
+def error(rid: int, kind: str, exc: str, msg: str, **extra: Any) -> Reply:
+    """A request that failed: ``kind`` from ``wire.ERROR_KINDS``, the exception's type name, the message."""
+    return Reply({"t": "error", "id": rid, "kind": kind, "exc": exc, "msg": msg, **extra})
+
+
+def stats(rid: int, counters: dict) -> Reply:
+    return Reply({"t": "stats", "id": rid, **counters})
+
+
+# --- the client's requests ---------------------------------------------------------------------------
+
+def hello(rid: int, shm: dict | None = None) -> list:
+    """A ``hello``, with a shared-memory offer where the link may use one."""
+    return wire.encode({"t": "hello", "id": rid, **({"shm": shm} if shm is not None else {})})
+
+
+def stats_request(rid: int, shm_drop: Sequence[str] | None = None) -> list:
+    """A ``stats`` request; ``shm_drop``: segment names the worker may unmap."""
+    return wire.encode({"t": "stats", "id": rid, **({"shm_drop": list(shm_drop)} if shm_drop else {})})
+
+
+def call_header(rid: int, op: str, params: dict, layouts: list, results: Sequence[tuple[Any, tuple]],
+                keep: bool = False) -> dict:
+    """The header of a ``call`` of kernel ``op``; ``results``: the (dtype, shape) of each result, in
+    NumPy's axes; ``keep``: the worker should keep the results and say their fingerprints."""
+    # a result asked for in a permuted axis order travels transposed to it, and is declared so
+    declared = [{"dtype": np.dtype(dt).str, "shape": [shape[i] for i in lay] if isinstance(lay, list) else list(shape)}
+                for (dt, shape), lay in zip(results, layouts)]
+    header = {"t": "call", "id": rid, "op": op, "params": params, "layouts": layouts, "results": declared}
+    if keep:
+        header["keep"] = True
+    return header
+
+
+class Timing(NamedTuple):
+    """What a ``result`` says beyond its arrays."""
+    phases: dict[str, float]   # the worker's h2d, kernel and d2h seconds, where it sent them
+    fingerprint: float         # seconds the worker spent fingerprinting results it kept
+    oom_retry: bool            # it ran out of device memory, freed its caches and ran the call again
+    kept: frozenset[str]       # the call's input fingerprints it now holds
+    evicted: tuple[str, ...]   # fingerprints it dropped to make room
+    result_fps: tuple[str | None, ...]  # per result, its fingerprint where the worker kept it
+
+
+def read_timing(reply: dict) -> Timing:
+    """The worker's account of a call from a ``result`` header; a value of the wrong type is left out."""
+    timing = reply.get("timing") if isinstance(reply.get("timing"), dict) else {}
+    phases = {k: float(v) for k, v in timing.items()
+              if k in (*WORKER_PHASES, "fingerprint") and isinstance(v, (int, float))}
+    fingerprint = phases.pop("fingerprint", 0.0)
+    metas = reply.get("arrays") or ()
+    return Timing(phases, fingerprint, bool(timing.get("oom_retry")), frozenset(reply.get("kept") or ()),
+                  tuple(reply.get("evicted") or ()),
+                  tuple(m["fp"] if isinstance(m, dict) and m.get("fp") else None for m in metas))

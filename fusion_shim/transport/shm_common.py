@@ -1,0 +1,156 @@
+"""What both halves of the same-host lane (:mod:`.shm`) share: segment names and their owners, the
+liveness checks the sweeps rely on, and mapping a segment."""
+from __future__ import annotations
+
+import mmap
+import os
+import re
+from typing import Any
+
+import numpy as np
+
+SHM_DIR = "/dev/shm"
+PREFIX = "fshm-"
+NAME_RE = re.compile(r"^fshm-(\d+)-(\d+)-(\d+)-([iop])(\d+)$")
+POPULATE = getattr(mmap, "MAP_POPULATE", 0)  # fault a whole mapping in at once, not page by page
+
+
+class ShmError(Exception):
+    """A segment could not be created, found or mapped; the caller uses the socket lane."""
+
+
+# --- identity ---------------------------------------------------------------------------------------
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _pidns() -> int:
+    try:
+        return int(re.sub(r"\D", "", os.readlink("/proc/self/ns/pid")) or 0)
+    except OSError:
+        return 0
+
+
+def proc_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat); None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    try:
+        return int(stat[stat.rindex(b")") + 2:].split()[19])
+    except (ValueError, IndexError):
+        return None
+
+
+def owner_tag(pid: int | None = None) -> str:
+    """``<pid namespace>-<pid>-<start>`` of this process (or ``pid``): the owner part of its names."""
+    pid = os.getpid() if pid is None else pid
+    return f"{_pidns()}-{pid}-{proc_start(pid) or 0}"
+
+
+def available() -> bool:
+    return os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK) and bool(boot_id())
+
+
+def parse(name: Any) -> tuple[int, int, int, str] | None:
+    """(pid namespace, pid, start, role) of a well-formed name; None otherwise."""
+    m = NAME_RE.match(name) if isinstance(name, str) else None
+    return (int(m[1]), int(m[2]), int(m[3]), m[4]) if m else None
+
+
+def owner_dead(ns: int, pid: int, start: int) -> bool:
+    """True only when certain: same pid namespace as this process, and no process with that pid
+    and start time. A name from another namespace is never judged dead."""
+    if ns != _pidns():
+        return False
+    now = proc_start(pid)
+    return now is None or now != start
+
+
+def sweep_stale(only_owner: str | None = None) -> list[str]:
+    """Unlink the segments whose owner is dead (or, with ``only_owner``, that owner's, which the
+    caller knows is dead). Returns the names removed."""
+    removed = []
+    try:
+        names = os.listdir(SHM_DIR)
+    except OSError:
+        return removed
+    for name in names:
+        parsed = parse(name)
+        if parsed is None:
+            continue
+        ns, pid, start, _ = parsed
+        if only_owner is not None:
+            if f"{ns}-{pid}-{start}" != only_owner:
+                continue
+        elif not owner_dead(ns, pid, start):
+            continue
+        try:
+            os.unlink(os.path.join(SHM_DIR, name))
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
+def map_segment(name: str, size: int | None, writable: bool, create: bool) -> tuple[mmap.mmap, int]:
+    path = os.path.join(SHM_DIR, name)
+    flags = os.O_RDWR if writable or create else os.O_RDONLY
+    if create:
+        flags |= os.O_CREAT | os.O_EXCL
+    try:
+        fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except OSError as exc:
+        raise ShmError(f"cannot open segment {name}: {exc.strerror}") from None
+    try:
+        if create:
+            os.ftruncate(fd, size)
+        else:
+            size = os.fstat(fd).st_size
+        if size <= 0:
+            raise ShmError(f"segment {name} is empty")
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable or create else 0)
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED | POPULATE, prot)
+    except (OSError, ValueError) as exc:
+        if create:
+            os.unlink(path)
+        raise ShmError(f"cannot map segment {name}: {exc}") from None
+    finally:
+        os.close(fd)  # the mapping keeps the memory; the name is the only other handle
+    return mm, size
+
+
+def strides_of(dtype: np.dtype, shape: tuple, order: str) -> tuple:
+    strides, step = [0] * len(shape), dtype.itemsize
+    axes = range(len(shape) - 1, -1, -1) if order == "C" else range(len(shape))
+    for ax in axes:
+        strides[ax] = step
+        step *= max(shape[ax], 1)
+    return tuple(strides)
+
+
+def view_of(base: np.ndarray, offset: int, dtype: np.dtype, shape: tuple, order: str) -> np.ndarray:
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    flat = base[offset:offset + nbytes].view(dtype)
+    return flat.reshape(shape, order=order)
+
+
+def check_loc(loc: Any) -> tuple[str, int, tuple]:
+    from ..protocol.wire import WireError  # the wire's own error: a bad locator is a malformed message
+
+    if not isinstance(loc, dict):
+        raise WireError("'shm' must be a map")
+    name, offset = loc.get("name"), loc.get("offset")
+    parsed = parse(name)
+    if parsed is None:
+        raise WireError(f"shm segment name {name!r} is not a fusion_shim segment")
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise WireError("shm offset must be an int >= 0")
+    return name, offset, parsed

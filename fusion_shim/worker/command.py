@@ -1,0 +1,73 @@
+"""``fusion-shim worker``: its options, and the worker served from them."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Callable
+
+PROG = "fusion-shim worker"
+
+
+def parser(prog: str = PROG) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Serve kernels to fusion_shim clients.")
+    p.add_argument("--bind", required=True, help="ipc:///path, tcp://127.0.0.1:PORT, or inproc://name")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--keys", metavar="DIR", default=None,
+                   help="serve with CURVE: DIR/server.key_secret and the allow-list DIR/authorized "
+                        "(made by `fusion-shim keys DIR`); needed to bind a network address")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow a network address WITHOUT authentication (warns loudly)")
+    p.add_argument("--max-bytes", type=int, default=None,
+                   help="largest message accepted, in bytes (default 64 GiB)")
+    p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--memory-budget", type=size, default=None,
+                   help="bytes the resident store may hold (e.g. 2G, 512M); default: half the GPU, "
+                        "or a quarter of RAM up to 8G on the CPU")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    p = parser()
+    return start(p, p.parse_args(argv))
+
+
+def start(p: argparse.ArgumentParser, opts: argparse.Namespace, make: Callable[..., Any] | None = None) -> int:
+    """Check ``opts``, then serve a worker made by ``make(device, memory_budget, max_bytes=...)``
+    (default :class:`.server.Worker`) until the loop ends."""
+    from ..auth import KeyFileError
+    from ..config import ConfigError, _device
+    from .server import MAX_MESSAGE_BYTES, Worker, serve
+
+    try:
+        device = _device("--device", opts.device)
+    except ConfigError as exc:
+        p.error(str(exc))
+    if opts.keys is not None and opts.insecure:
+        p.error("--keys and --insecure exclude each other")
+    max_bytes = MAX_MESSAGE_BYTES if opts.max_bytes is None else opts.max_bytes
+    if max_bytes <= 0:
+        p.error("--max-bytes must be > 0")
+    security = f"CURVE, clients from {opts.keys}" if opts.keys else "no authentication"
+    print(f"fusion_shim worker: binding {opts.bind} (device {device}; {security})", file=sys.stderr, flush=True)
+    worker = (make or Worker)(device, opts.memory_budget, max_bytes=max_bytes)
+    try:
+        serve(opts.bind, worker, parent_pid=opts.parent_pid, keys=opts.keys, insecure=opts.insecure)
+    except KeyFileError as exc:
+        print(f"{p.prog}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def size(text: str) -> int:
+    """``123``, ``512K``, ``64M``, ``2G`` (powers of 1024)."""
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = text.strip().lower().removesuffix("b").removesuffix("i")
+    scale = units.get(t[-1:], 1)
+    number = t[:-1] if t[-1:] in units else t
+    try:
+        value = int(float(number) * scale)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size; valid: a number of bytes, or with K, M, G, T") from None
+    if value < 0:
+        raise ValueError("a size must be >= 0")
+    return value

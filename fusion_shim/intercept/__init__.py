@@ -1,13 +1,14 @@
 """Interception: a wrapt post-import hook on ``numpy`` wraps every catalog row.
 
-Rows whose ``trigger`` is another module (SciPy's: ``scipy.linalg``, ``scipy.fft``) are
-wrapped by a post-import hook on that module, after NumPy's. It works whether NumPy is already imported or not. :func:`install` is
-idempotent; :func:`uninstall` puts back exactly the objects it replaced, in reverse order. A row whose catalog entry does not
-match the installed NumPy's signature is left unwrapped, with a warning and a ledger event.
+Rows whose ``trigger`` is another module (SciPy's: ``scipy.linalg``, ``scipy.fft``) are wrapped by
+a post-import hook on that module, after NumPy's. It works whether NumPy is already imported or not.
+:func:`install` is idempotent; :func:`uninstall` puts back exactly the objects it replaced, in
+reverse order. A row whose catalog entry does not match the installed NumPy's signature is left
+unwrapped, with a warning and a ledger event.
 
-The per-call fast path (policy local, or inputs below the planner's byte floor for the op) is one attribute
-read, one sum over the positional and keyword arrays and one comparison before NumPy's own function
-is called; nothing is recorded for it but a count. With the C extension (``native.py``)
+The per-call fast path (policy local, or inputs below the planner's byte floor for the op) is one
+attribute read, one sum over the positional and keyword arrays and one comparison before NumPy's own
+function is called; nothing is recorded for it but a count. With the C extension (``native.py``)
 that check runs in C inside a ``wrapt.ObjectProxy``; without it, in a ``wrapt.FunctionWrapper``.
 The same extension intercepts ``a @ b``, ``a @= b`` and ``a.dot(b)`` on ndarrays. Above the
 floor, both paths call :meth:`fusion_shim.client.runtime.Runtime.dispatch`.

@@ -268,7 +268,8 @@ class Link:
 
     def measure(self) -> dict:
         """The condition as the runtime sees it: its own link probe, best of three."""
-        from fusion_shim import linkprobe, transport
+        from fusion_shim import transport
+        from fusion_shim.client import linkprobe
 
         best = None
         ids = iter(range(100, 10**6))

@@ -19,6 +19,7 @@ from . import intercept as _intercept
 from . import report as _report  # light (no numpy); imported first so the function below wins:
 # importing a submodule binds it on its package, which would shadow ``report()`` after its first call
 from .config import Config, ConfigError
+from .errors import FallbackError
 from .intercept import active, install, uninstall
 
 __version__ = "0.1.0"
@@ -38,14 +39,6 @@ def load_ipython_extension(ipython: Any) -> None:
     from .ipython import load_ipython_extension as load
 
     load(ipython)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "FallbackError":  # lives with the runtime, which imports numpy and zmq
-        from .runtime import FallbackError
-
-        return FallbackError
-    raise AttributeError(f"module 'fusion_shim' has no attribute {name!r}")
 
 
 def _report_at_exit(rt: Any) -> None:

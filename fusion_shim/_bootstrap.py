@@ -22,8 +22,7 @@ def run() -> None:
         # not SystemExit: raised while site imports the .pth, it becomes "Fatal Python error:
         # init_import_site" with a traceback and exit code 1; nothing has run yet that needs atexit
         os._exit(2)
-    rt = install(config)
-    rt.export_env = True
+    install(config, export_env=True)
 
 
 run()

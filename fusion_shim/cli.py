@@ -126,14 +126,13 @@ def calibrate_main(argv: list[str]) -> int:
 
 
 def run_program(config: Any, script: str | None, module: str | None, args: list[str]) -> int:
-    import fusion_shim
+    from .intercept import install
 
     # children inherit the shim with these same settings, less the report file (one per process
     # would overwrite it); they reuse this process's worker once it has one (see _bootstrap)
     child_env = {k: v for k, v in config.to_env().items() if k != "FUSION_SHIM_REPORT"}
     os.environ.update(child_env, FUSION_SHIM="1")
-    rt = fusion_shim.install(config)
-    rt.export_env = True
+    install(config, export_env=True)
     if module is not None:
         code, main_mod, argv0 = _load_module(module)
         if code is None:

@@ -1,5 +1,5 @@
 """IPython: ``%load_ext fusion_shim``, then a ``%%fusion_shim [options]`` cell runs through the shim
-and prints the same summary for that cell's calls (issue 7).
+and prints the same summary for that cell's calls.
 
 Options: ``--policy``, ``--worker``, ``--verify``, ``--timeout``, ``--strict`` as on the command line.
 The shim stays installed after the cell (for the next ones); a cell with other settings reinstalls it.
@@ -25,18 +25,18 @@ def _parser() -> argparse.ArgumentParser:
 class FusionShimMagics(Magics):
     @cell_magic
     def fusion_shim(self, line: str, cell: str) -> Any:
-        import fusion_shim
+        from .intercept import active, install
         from .ledger import Ledger
         from .report import build, format_table
 
         opts = vars(_parser().parse_args(shlex.split(line)))
         settings = {k: v for k, v in opts.items() if v is not None}
-        rt = fusion_shim.active()
+        rt = active()
         if rt is None or any(str(getattr(rt.config, k)) != str(v) for k, v in settings.items()):
-            rt = fusion_shim.install(quiet=True, **settings)
+            rt = install(quiet=True, **settings)
         import numpy  # noqa: F401  (the shim wraps NumPy when it is imported)
 
-        rt = fusion_shim.active()
+        rt = active()
         start = len(rt.ledger.records)
         below = {k: c[0] for k, c in rt.ledger.fast_path.items()}
         result = self.shell.run_cell(cell)

@@ -383,7 +383,7 @@ def fault_run(directory: str, n_calls: int, *, seed: int, rate: float, timeout: 
     """Run calls against a FaultLab worker until ``n_calls`` are done and ``min_injections`` happened
     (or the time budget runs out); returns the figures."""
     import fusion_shim
-    from fusion_shim import runtime
+    from fusion_shim.client import link as runtime
 
     runtime_reprobe = runtime.REPROBE_MAX_S
     runtime.REPROBE_MAX_S = 0.1  # TEST SETTING: a faulted worker is asked again within 0.1 s
@@ -392,7 +392,7 @@ def fault_run(directory: str, n_calls: int, *, seed: int, rate: float, timeout: 
     try:
         rt = fusion_shim.install(policy="remote", worker=lab.url, quiet=True, timeout=timeout, ready_timeout=1.0)
         # TEST SETTING: the random kills here are not the op's fault; CRASH_LIMIT is tested on its own
-        rt.crash_limit = 10**9
+        rt.checks.crash_limit = 10**9
         lab.armed = rt.link.ready.is_set
         assert rt.link.wait_ready(30), events(rt)
         wrong, raised, times, done, slow = [], [], [], 0, []

@@ -28,7 +28,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from fusion_shim import catalog, runtime
+from fusion_shim import catalog
+from fusion_shim.client import remote as runtime
 from fusion_shim.protocol import wire
 
 HOSTILE = [None, True, False, -1, 0, 1, 3, 65, 2**31, 2**63 - 1, -2**63, 2**64 - 1, 1.5, float("nan"),

@@ -157,7 +157,7 @@ sys.path.insert(0, "tests")
 import test_differential as td
 from fusion_shim.catalog import BY_NAME, Unsupported, prepare
 from fusion_shim.catalog.base import unwrap
-from fusion_shim.runtime import call_message
+from fusion_shim.client.remote import call_message
 from fusion_shim.worker.server import Worker
 import inspect, scipy.linalg  # noqa: F401  (the scipy rows' functions)
 from fusion_shim.protocol import wire

@@ -644,7 +644,7 @@ def test_timeout_with_a_slow_worker(workers):
 # -- (h) strict mode ------------------------------------------------------------------------------------
 
 def test_strict_mode_turns_a_fallback_into_an_error(fake, sock_dir):
-    from fusion_shim.runtime import FallbackError
+    from fusion_shim.errors import FallbackError
 
     assert fusion_shim.FallbackError is FallbackError
     rt = install(fake.url, strict=True, timeout=5.0, ready_timeout=10.0)

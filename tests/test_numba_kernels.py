@@ -114,7 +114,7 @@ def test_the_client_imports_neither_torch_nor_numba():
     import sys
 
     code = ("import sys, numpy, fusion_shim\n"
-            "from fusion_shim import catalog, runtime\n"
+            "from fusion_shim import catalog\nfrom fusion_shim.client import runtime\n"
             "from fusion_shim.transport import shm\n"
             "fusion_shim.install(policy='local', quiet=True)\n"
             "numpy.bincount(numpy.arange(3)); numpy.interp(0.5, [0.0, 1.0], [1.0, 2.0])\n"

@@ -13,7 +13,7 @@ import pytest
 import fusion_shim
 from fusion_shim.config import Config, ConfigError
 from fusion_shim.plan import NEVER, Planner, calibrate
-from fusion_shim.residency import Mirror
+from fusion_shim.client.residency import Mirror
 
 RNG = np.random.default_rng(5)
 
@@ -387,6 +387,7 @@ def test_calibrate_command_writes_the_cache(tmp_path):
 def test_each_op_keeps_its_own_floor_and_c_holds_the_smallest(tmp_path):
     """The C fast path compares with one number, the smallest floor of all ops; each op's own floor
     is checked after it, so a call between the two stays local, counted, unrecorded."""
+    from fusion_shim import intercept
     from fusion_shim.intercept import native
 
     rt = fusion_shim.install(policy="auto", worker=f"ipc://{tmp_path}/nobody.sock", quiet=True)
@@ -413,7 +414,7 @@ def test_each_op_keeps_its_own_floor_and_c_holds_the_smallest(tmp_path):
         if native.available():
             assert ops["numpy.ndarray.__matmul__"]["below_floor"] >= 1
             # ...and in C: each function's proxy and each operator hold their own op's floor
-            fast = rt.fast_calls["numpy.matmul"][0]
+            fast = intercept._installed.fast_calls["numpy.matmul"][0]
             assert fast.floor == high and fast.below >= 1
             assert rt.ledger.fast_path["numpy.matmul"][0] == 0  # the Python path was never entered
             assert native._native.get_op_floors()[0] == rt.floor_cell("numpy.ndarray.__matmul__")[0] > low
@@ -639,10 +640,10 @@ def test_without_a_gpu_the_embedded_worker_waits_for_a_long_enough_run(monkeypat
     """On a host with no GPU an embedded worker would run torch on the program's own CPUs: under
     auto it starts only after CPU_WORKER_AFTER_S of run; until then nothing leaves the process (every
     floor NEVER, in C too), and the report says why."""
-    from fusion_shim import runtime
+    from fusion_shim.client import embedded, runtime
     from fusion_shim.intercept import native
 
-    monkeypatch.setattr(runtime, "gpu_visible", lambda: False)
+    monkeypatch.setattr(embedded, "gpu_visible", lambda: False)
     monkeypatch.setattr(runtime, "CPU_WORKER_AFTER_S", 1.0)
     rt = fusion_shim.install(policy="auto", quiet=True)
     try:
@@ -664,7 +665,7 @@ def test_without_a_gpu_the_embedded_worker_waits_for_a_long_enough_run(monkeypat
 
 
 def test_device_cpu_or_a_gpu_starts_the_embedded_worker_at_install(monkeypatch):
-    from fusion_shim import runtime
+    from fusion_shim.client import embedded as runtime
 
     monkeypatch.setattr(runtime, "gpu_visible", lambda: False)
     for settings in ({"device": "cpu"}, {"policy": "remote"}):
@@ -701,7 +702,7 @@ def test_an_embedded_worker_under_auto_idles_in_the_programs_scheduling_group():
 
 
 def test_gpu_visible_respects_cuda_visible_devices(monkeypatch):
-    from fusion_shim import runtime
+    from fusion_shim.client import embedded as runtime
 
     for hidden in ("", "-1"):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
@@ -722,7 +723,7 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
     from fusion_shim.worker import serve_in_thread
     from fusion_shim.worker.testing import FaultyWorker
 
-    from fusion_shim import runtime
+    from fusion_shim.client import embedded as runtime
 
     url = f"inproc://fusion-shim-tests-slow-explore-{os.getpid()}"
     thread, stop = serve_in_thread(url, worker=FaultyWorker("cpu", delay=0.4))
@@ -743,7 +744,7 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
         # the local one, so there the exploration is waited for
         from fusion_shim.transport import shm as shmlane
         assert rt.link.info["boot"] == shmlane.boot_id() and rt.link.shares_cpus() and rt.link.cpus_shared
-        assert rt.link.contended == runtime._parallel_blas()  # priced more pessimistically where BLAS spins beside it
+        assert rt.link.contended == runtime.parallel_blas()  # priced more pessimistically where BLAS spins beside it
         t = time.perf_counter()
         np.testing.assert_allclose(np.matmul(a, a.T), want)
         assert time.perf_counter() - t >= 0.4 and rt.ledger.records[-1].kind == "worker"
@@ -791,7 +792,7 @@ def test_a_background_link_probe_waits_a_little_for_the_program_to_be_idle(inpro
     where the probe is a few milliseconds of copying that a busy CPU would stretch (beside a client
     busy on its one core a loopback probe read 17 MB/s for 2-3 GB/s), the next call that wants it
     makes it on the program's thread."""
-    from fusion_shim import runtime
+    from fusion_shim.client import link as runtime
     from fusion_shim.plan import calibrate as cal
 
     busy = [2.0]
@@ -854,7 +855,7 @@ def test_the_call_after_a_handed_off_probe_makes_it_and_is_decided_with_the_link
 def test_a_link_is_probed_only_for_a_call_its_measurement_could_change(inproc_worker, monkeypatch):
     """The runtime asks for a link's bulk probe only where the planner says a free link could move
     the call (plan.Planner.link_could_matter); a program whose calls stay here either way never pays it."""
-    from fusion_shim import runtime
+    from fusion_shim.client import link as runtime
 
     asked = []
     monkeypatch.setattr(runtime.WorkerLink, "measure_bandwidth_soon", lambda self, wait=False: asked.append(wait))
@@ -879,24 +880,24 @@ def test_a_link_is_probed_only_for_a_call_its_measurement_could_change(inproc_wo
 def test_a_worker_is_contended_only_where_this_processs_blas_runs_threads_beside_it(monkeypatch):
     """A client held to one CPU, or to one BLAS thread, has no helper threads spinning after its calls:
     a same-host worker is not priced for them (the client on one core found the worker twice as fast)."""
-    from fusion_shim import runtime
+    from fusion_shim.client import embedded as runtime
 
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    assert runtime._parallel_blas()
+    assert runtime.parallel_blas()
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
-    assert not runtime._parallel_blas()
+    assert not runtime.parallel_blas()
     monkeypatch.delenv("OPENBLAS_NUM_THREADS")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    assert not runtime._parallel_blas()
+    assert not runtime.parallel_blas()
 
 
 def test_the_link_probe_keeps_the_best_transfer_and_never_reads_one_faster_than_its_round_trip_allows(monkeypatch):
     """Contention only ever slows a transfer down: of the probe's transfers each way the fastest is
     kept. A transfer shorter than the round trip's jitter is read at no more than twice what its whole
     time says (the bare difference once read 50 GB/s on loopback)."""
-    from fusion_shim import linkprobe
+    from fusion_shim.client import linkprobe
 
     times = iter([(0.003, 0.0), (0.003, 0.0),    # small: up, down
                   (0.020, 0.0), (0.040, 0.0),    # large: a busy moment

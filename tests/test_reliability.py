@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 
 import fusion_shim
-from fusion_shim import runtime, transport
+from fusion_shim import transport
+from fusion_shim.client import call as client_call, checks as client_checks, link as client_link
 from fusion_shim.intercept import bypassed
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -71,7 +72,7 @@ def last(rt, op: str = "numpy.matmul"):
 # -- heartbeats: a stopped worker is noticed in about a second ------------------------------------------
 
 def test_stopped_external_worker_is_noticed_by_heartbeat(sock_dir, monkeypatch):
-    monkeypatch.setattr(runtime, "REPROBE_MAX_S", 0.3)  # TEST SETTING: re-probe a stopped worker often
+    monkeypatch.setattr(client_link, "REPROBE_MAX_S", 0.3)  # TEST SETTING: re-probe a stopped worker often
     lab = _faultlab.FaultLab(sock_dir, resume_after=None, delay=0.5)  # stays stopped; calls take 0.5 s
     try:
         rt = fusion_shim.install(policy="remote", worker=lab.url, quiet=True, timeout=30.0, ready_timeout=10.0)
@@ -119,7 +120,7 @@ def test_stopped_external_worker_is_noticed_by_heartbeat(sock_dir, monkeypatch):
 def test_deadline_follows_the_prediction(monkeypatch):
     from fusion_shim.worker import serve_in_thread
 
-    monkeypatch.setattr(runtime, "DEADLINE_FLOOR_S", 0.3)  # TEST SETTING: 5 s in production
+    monkeypatch.setattr(client_call, "DEADLINE_FLOOR_S", 0.3)  # TEST SETTING: 5 s in production
     worker = _faultlab.numpy_worker()
     url = f"inproc://deadline-{os.getpid()}"
     thread, stop = serve_in_thread(url, worker=worker)
@@ -168,18 +169,18 @@ def test_op_that_kills_the_worker_three_times_runs_locally(sock_dir):
     want, want32, want_mm = np.linalg.inv(a), np.linalg.inv(a32), a @ a
     try:
         rt = fusion_shim.install(policy="remote", worker=lab.url, quiet=True, timeout=10.0, ready_timeout=10.0)
-        for i in range(runtime.CRASH_LIMIT):
+        for i in range(client_checks.CRASH_LIMIT):
             assert rt.link.wait_ready(10), events(rt)
             np.testing.assert_allclose(np.linalg.inv(a), want)
             rec = last(rt, "numpy.linalg.inv")
             assert rec.kind == "fallback" and rec.reason.startswith("WorkerLost"), rec.reason
-        assert lab.crashes() == ["linalg.inv <f8"] * runtime.CRASH_LIMIT
+        assert lab.crashes() == ["linalg.inv <f8"] * client_checks.CRASH_LIMIT
         assert rt.link.wait_ready(10), events(rt)
         # the fourth: pinned, never sent
         np.testing.assert_allclose(np.linalg.inv(a), want)
         rec = last(rt, "numpy.linalg.inv")
         assert rec.kind == "fallback" and rec.reason.startswith("pinned local: linalg.inv(<f8)"), rec.reason
-        assert lab.crashes() == ["linalg.inv <f8"] * runtime.CRASH_LIMIT
+        assert lab.crashes() == ["linalg.inv <f8"] * client_checks.CRASH_LIMIT
         assert "runs locally for the rest of the run" in events(rt)
         assert fusion_shim.report()["ops"]["numpy.linalg.inv"]["reasons"]
         # other ops still go to the worker, and so does the same op with other dtypes
@@ -187,7 +188,7 @@ def test_op_that_kills_the_worker_three_times_runs_locally(sock_dir):
         assert last(rt).kind == "worker"
         np.testing.assert_allclose(np.linalg.inv(a32), want32, rtol=1e-4)
         assert last(rt, "numpy.linalg.inv").reason.startswith("WorkerLost")
-        assert rt.crashes == {("linalg.inv", ("<f8",)): 3, ("linalg.inv", ("<f4",)): 1}
+        assert rt.checks.crashes == {("linalg.inv", ("<f8",)): 3, ("linalg.inv", ("<f4",)): 1}
     finally:
         fusion_shim.uninstall()
         lab.close()

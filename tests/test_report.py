@@ -17,7 +17,7 @@ from fusion_shim import transport
 from fusion_shim.protocol import wire
 from fusion_shim.report.trace import build_trace
 from fusion_shim.report.whatif import LinkProfile, reprice
-from fusion_shim.runtime import VerificationError
+from fusion_shim.errors import VerificationError
 
 RNG = np.random.default_rng(7)
 

@@ -11,7 +11,7 @@ import fusion_shim
 from fusion_shim.protocol import wire
 from fusion_shim.intercept import bypassed
 from fusion_shim.protocol.fingerprint import RESIDENT_MIN, fingerprint
-from fusion_shim.residency import HASH_BPS
+from fusion_shim.client.residency import HASH_BPS
 
 RNG = np.random.default_rng(6)
 
@@ -271,8 +271,8 @@ def test_planner_prices_resident_inputs_as_free(store_worker):
 
 
 def test_reuse_prices_an_inputs_upload_over_the_calls_it_serves():
-    from fusion_shim.residency import REUSE_CAP, Mirror, Reuse
-    from fusion_shim.runtime import _Wired
+    from fusion_shim.client.residency import REUSE_CAP, Mirror, Reuse
+    from fusion_shim.client.residency import Wired as _Wired
 
     reuse = Reuse(size=3)
     assert reuse.share(None) == 1.0 and reuse.share("a") == 1.0   # never seen: priced in full
@@ -329,8 +329,8 @@ def test_a_chain_reusing_a_matrix_goes_to_the_worker_once_its_upload_is_shared(s
 
 
 def test_least_to_send_prices_reused_inputs_at_their_smallest_share():
-    from fusion_shim.residency import REUSE_CAP, Mirror, Reuse
-    from fusion_shim.runtime import _Wired
+    from fusion_shim.client.residency import REUSE_CAP, Mirror, Reuse
+    from fusion_shim.client.residency import Wired as _Wired
 
     a, b = RNG.standard_normal((400, 400)), RNG.standard_normal((400, 200))
     wired = _Wired([a, b])

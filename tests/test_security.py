@@ -391,7 +391,7 @@ def test_ndim_limit_is_64():
 
 # -- no pickle, cloudpickle or marshal on the default path ---------------------------------------------------
 
-DEFAULT_PATH = ["protocol/wire.py", "protocol/fingerprint.py", "transport/__init__.py", "runtime.py", "auth.py", "config.py", "catalog/__init__.py",
+DEFAULT_PATH = ["protocol/wire.py", "protocol/fingerprint.py", "transport/__init__.py", "client/runtime.py", "client/call.py", "client/remote.py", "auth.py", "config.py", "catalog/__init__.py",
                 "catalog/base.py", "catalog/products.py", "catalog/linalg.py", "catalog/fft.py", "catalog/scipy.py",
                 "catalog/numba.py", "transport/shm.py", "transport/shm_common.py",
                 "transport/shm_client.py", "transport/shm_worker.py",
@@ -428,7 +428,8 @@ import sys
 import numpy
 before = set(sys.modules)
 import fusion_shim
-from fusion_shim import transport, runtime, auth
+from fusion_shim import transport, auth
+from fusion_shim.client import runtime
 from fusion_shim.protocol import wire
 import zmq, msgpack
 ctx = transport.context()

@@ -25,7 +25,7 @@ def shim(inproc_worker):
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 def test_every_checked_answer_matches(shim, name):
     RECORDS.clear()
-    shim.pinned.clear()
+    shim.checks.pinned.clear()
     run_row(shim, name, EXAMPLES)
     checked = [r for r in RECORDS if r.kind == "worker" and r.verify]
     mismatches = [(r.verify, r.shapes, r.dtypes) for r in RECORDS if (r.verify or "").startswith("mismatch")]

@@ -96,7 +96,7 @@ def test_default_wire_path_imports_no_pickle():
     import subprocess
     import sys
 
-    code = ("import sys, numpy, fusion_shim.protocol.wire, fusion_shim.transport, fusion_shim.runtime;"
+    code = ("import sys, numpy, fusion_shim.protocol.wire, fusion_shim.transport, fusion_shim.client.runtime;"
             "bad = [m for m in ('pickle', 'cloudpickle', 'dill') if m in sys.modules and m not in before];"
             "print(bad)")
     pre = "import sys; before = set(sys.modules); import numpy; before = set(sys.modules);"

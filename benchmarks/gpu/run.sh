@@ -74,7 +74,7 @@ else
 fi
 # -- install: the checkout itself on PYTHONPATH (no build isolation, no network)
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-step install 60 "$PYTHON" -c "import fusion_shim, fusion_shim.runtime, fusion_shim.worker; print(fusion_shim.__file__)"
+step install 60 "$PYTHON" -c "import fusion_shim, fusion_shim.client.runtime, fusion_shim.worker; print(fusion_shim.__file__)"
 # -- native: issue 3's C extension, where it exists; a failure is recorded and the run goes on
 if [ -d native ]; then
   step native 180 "$PYTHON" setup.py build_ext --inplace

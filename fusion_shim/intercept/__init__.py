@@ -1,15 +1,20 @@
 """Interception: a wrapt post-import hook on ``numpy`` wraps every catalog row.
 
-Rows whose ``trigger`` is another module (SciPy's: ``scipy.linalg``, ``scipy.fft``; issue 4) are
-wrapped by a post-import hook on that module, after NumPy's. It works whether NumPy is already imported or not. :func:`install` is idempotent; :func:`uninstall`
-puts back exactly the objects it replaced, in reverse order. A row whose catalog entry does not
-match the installed NumPy's signature is left unwrapped, with a warning and a ledger event.
+Rows whose ``trigger`` is another module (SciPy's: ``scipy.linalg``, ``scipy.fft``) are wrapped by
+a post-import hook on that module, after NumPy's. It works whether NumPy is already imported or not.
+:func:`install` is idempotent; :func:`uninstall` puts back exactly the objects it replaced, in
+reverse order. A row whose catalog entry does not match the installed NumPy's signature is left
+unwrapped, with a warning and a ledger event.
 
-The per-call fast path (policy local, or inputs below the planner's byte floor for the op) is one attribute
-read, one sum over the positional and keyword arrays and one comparison before NumPy's own function
-is called; nothing is recorded for it but a count. With the C extension (issue 3, ``native.py``)
+The per-call fast path (policy local, or inputs below the planner's byte floor for the op) is one
+attribute read, one sum over the positional and keyword arrays and one comparison before NumPy's own
+function is called; nothing is recorded for it but a count. With the C extension (``native.py``)
 that check runs in C inside a ``wrapt.ObjectProxy``; without it, in a ``wrapt.FunctionWrapper``.
-The same extension intercepts ``a @ b``, ``a @= b`` and ``a.dot(b)`` on ndarrays.
+The same extension intercepts ``a @ b``, ``a @= b`` and ``a.dot(b)`` on ndarrays. Above the
+floor, both paths call :meth:`fusion_shim.client.runtime.Runtime.dispatch`.
+
+One :class:`_Installation` per :func:`install`: its Config, its runtime once NumPy is imported,
+what it patched, and the C fast paths whose floors it publishes for the runtime.
 """
 from __future__ import annotations
 
@@ -19,7 +24,6 @@ import importlib
 import os
 import sys
 import threading
-import time
 import warnings
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -31,38 +35,66 @@ from . import native
 
 if TYPE_CHECKING:  # numpy and zmq load when numpy does, not when the bootstrap installs the hook
     from ..catalog import OpSpec
-    from ..runtime import Runtime
+    from ..client.runtime import Runtime
 
-_lock = threading.RLock()
-_runtime: "Runtime | _Pending | None" = None
-_patches: list[tuple[ModuleType, str, Any]] = []
-_hook_registered = False
 # Modules whose import wraps catalog rows (each row's OpSpec.trigger): named here so that install()
 # need not import the catalog (and NumPy) early; a test holds this list to the catalog's triggers.
 TRIGGERS = ("numpy", "scipy.linalg", "scipy.fft")
-_patched_triggers: set[str] = set()
+
+
+class _Installation:
+    """One install(): before NumPy is imported just its Config (nothing heavy is imported yet), then
+    its runtime and everything it patched, until uninstall() puts it back."""
+
+    def __init__(self, config: Config, export_env: bool):
+        self.config = config
+        self.export_env = export_env  # children of this process reuse its worker (the launcher's)
+        self.runtime: "Runtime | None" = None
+        self.patches: list[tuple[ModuleType, str, Any]] = []
+        self.patched_triggers: set[str] = set()
+        self.fast_calls: dict[str, list] = {}  # op name -> its C fast paths, which hold its floor
+
+    def publish_floors(self, floor_bytes: int, floors: dict[str, int], operators: "tuple | None") -> None:
+        """The runtime's planner refreshed floors: the C fast path holds the smallest, each wrapped
+        function and each operator its own."""
+        with _lock:  # never after uninstall published -1, nor for an installation replaced since
+            if _installed is not self:
+                return
+            native.publish_floor(floor_bytes)
+            for name, floor in floors.items():
+                for fast in self.fast_calls.get(name, ()):
+                    fast.floor = floor
+            if operators is not None:
+                native.publish_op_floors(operators)
+
+
+_lock = threading.RLock()
+_installed: _Installation | None = None
+_hook_registered = False  # wrapt's post-import hooks cannot be removed: registered once per process
 _exit_hooks: list[Callable[["Runtime"], None]] = []
 
 
 def active() -> "Runtime | None":
     """The running shim, once NumPy is imported and wrapped; None before that or when not installed."""
-    return None if isinstance(_runtime, _Pending) else _runtime
+    inst = _installed
+    return None if inst is None else inst.runtime
 
 
-def install(config: Config | None = None, **overrides: Any) -> "Runtime | _Pending":
+def install(config: Config | None = None, *, export_env: bool = False,
+            **overrides: Any) -> "Runtime | _Installation":
     """Intercept NumPy in this process. With no arguments a second call returns the running shim;
-    with a Config or settings it replaces it."""
-    global _runtime, _hook_registered
+    with a Config or settings it replaces it. ``export_env``: children reuse this process's worker."""
+    global _installed, _hook_registered
     with _lock:
-        if _runtime is not None:
+        if _installed is not None:
             if config is None and not overrides:
-                return _runtime
+                return _installed.runtime or _installed
             uninstall()
         if config is None:
             config = Config.load(**overrides)
         elif overrides:
             config = config.replace(**overrides)
-        _runtime = _Pending(config)
+        inst = _installed = _Installation(config, export_env)
         if not _hook_registered:
             _hook_registered = True
             # each runs now if its module is already imported, else right after it is
@@ -73,29 +105,27 @@ def install(config: Config | None = None, **overrides: Any) -> "Runtime | _Pendi
             for name in TRIGGERS:
                 if name in sys.modules:
                     (_on_numpy if name == "numpy" else _on_library)(sys.modules[name])
-        return _runtime
+        return inst.runtime or inst
 
 
 def uninstall() -> None:
     """Restore every patched attribute exactly and stop the worker this process started."""
-    global _runtime
+    global _installed
     with _lock:
         native.uninstall_operators()  # also publishes floor -1: kept proxies pass straight through
-        for module, attr, original in reversed(_patches):
-            setattr(module, attr, original)
-        _patches.clear()
-        _patched_triggers.clear()
-        rt, _runtime = _runtime, None
-    if rt is not None and not isinstance(rt, _Pending):
-        rt.local_only = True  # wrappers someone kept a reference to now pass straight through
-        rt.shutdown()
+        inst, _installed = _installed, None
+        if inst is not None:
+            for module, attr, original in reversed(inst.patches):
+                setattr(module, attr, original)
+    if inst is not None and inst.runtime is not None:
+        inst.runtime.shutdown()
 
 
 @contextlib.contextmanager
 def bypassed() -> Iterator[None]:
     """In this thread, for the block: NumPy runs untouched, nothing is intercepted or recorded
     (reference results in tests, a worker thread inside the client process). Nests."""
-    from ..runtime import GUARD
+    from ..client import GUARD
 
     was = getattr(GUARD, "busy", False)
     entered = native.available()  # loads the extension: NumPy is imported by now
@@ -117,8 +147,8 @@ def on_exit(hook: Callable[["Runtime"], None]) -> None:
 
 @atexit.register
 def _at_exit() -> None:
-    rt = _runtime
-    if rt is None or isinstance(rt, _Pending):
+    rt = active()
+    if rt is None:
         return
     for hook in _exit_hooks:
         try:
@@ -128,44 +158,32 @@ def _at_exit() -> None:
     uninstall()
 
 
-class _Pending:
-    """The shim before NumPy is imported: just its Config. Nothing heavy is imported yet."""
-
-    def __init__(self, config: Config):
-        self.config = config
-        self.export_env = False
-
-
 def _after_fork_in_child() -> None:
-    rt = _runtime
-    if rt is not None and not isinstance(rt, _Pending):
-        rt.ledger.reset_after_fork()
-        rt.ledger.event(f"forked from pid {rt.link.owner if rt.link else '?'}; own connection to the worker")
+    rt = active()
+    if rt is not None:
+        rt.after_fork_in_child()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _on_numpy(_numpy: ModuleType) -> None:
-    global _runtime
-    from ..runtime import Runtime
+    from ..client.runtime import Runtime
 
     with _lock:
-        if _runtime is None or "numpy" in _patched_triggers:
+        inst = _installed
+        if inst is None or "numpy" in inst.patched_triggers:
             return
-        if isinstance(_runtime, _Pending):
-            export = _runtime.export_env
-            _runtime = Runtime(_runtime.config)
-            _runtime.export_env = export
-        rt = _runtime
-        _patch_rows("numpy", rt)
+        if inst.runtime is None:
+            inst.runtime = Runtime(inst.config, publish_floors=inst.publish_floors, export_env=inst.export_env)
+        rt = inst.runtime
+        _patch_rows(inst, "numpy")
         for name in TRIGGERS[1:]:  # imported before NumPy's hook ran (its own hook returned early)
             if name in sys.modules:
-                _patch_rows(name, rt)
+                _patch_rows(inst, name)
         native.publish_floor(-1 if rt.local_only else rt.floor_bytes)
         ok, why = native.install_operators(rt)
-        rt.operators = {"intercepted": ok, "why": why, "fast_path": "C" if _use_c(rt) else "wrapt"}
-        rt.ledger.event("operators @, @=, .dot intercepted" if ok else f"operators @, @=, .dot not intercepted: {why}")
+        rt.note_operators(ok, why, "C" if _use_c(rt) else "wrapt")
     rt.start()
 
 
@@ -174,22 +192,23 @@ def _use_c(rt: "Runtime") -> bool:
 
 
 def _on_library(module: ModuleType) -> None:
-    """A trigger module other than NumPy was imported (issue 4): wrap its rows. NumPy's hook has
-    run by then (SciPy imports NumPy first) and created the runtime."""
+    """A trigger module other than NumPy was imported: wrap its rows. NumPy's hook has run by then
+    (SciPy imports NumPy first) and created the runtime."""
     with _lock:
-        rt = _runtime
-        if rt is None or isinstance(rt, _Pending) or "numpy" not in _patched_triggers:
+        inst = _installed
+        if inst is None or inst.runtime is None or "numpy" not in inst.patched_triggers:
             return
-        _patch_rows(module.__name__, rt)
+        _patch_rows(inst, module.__name__)
 
 
-def _patch_rows(trigger: str, rt: "Runtime") -> None:
+def _patch_rows(inst: _Installation, trigger: str) -> None:
     """Wrap every row whose trigger is ``trigger``, once per install."""
     from ..catalog import CATALOG, check_signature
 
-    if trigger in _patched_triggers:
+    if trigger in inst.patched_triggers:
         return
-    _patched_triggers.add(trigger)
+    inst.patched_triggers.add(trigger)
+    rt = inst.runtime
     use_c = _use_c(rt)
     fast_cells: list[tuple[str, Any]] = []
     for spec in CATALOG:
@@ -207,38 +226,23 @@ def _patch_rows(trigger: str, rt: "Runtime") -> None:
         if use_c and not spec.nested:  # the C floor check counts top-level ndarrays only
             proxy, fast = native.fast_proxy(original, slow)
             fast.floor = rt.floor_cell(spec.name)[0]  # its own floor; the planner's refreshes update it
-            rt.fast_calls.setdefault(spec.name, []).append(fast)
+            inst.fast_calls.setdefault(spec.name, []).append(fast)
             fast_cells.append((spec.name, fast))
         else:
             proxy = wrapt.FunctionWrapper(original, _make_wrapper(spec, rt, slow))
         setattr(module, spec.attr, proxy)
-        _patches.append((module, spec.attr, original))
+        inst.patches.append((module, spec.attr, original))
     if fast_cells:
-        rt.ledger.counters.append((lambda: {name: f.below for name, f in fast_cells},
-                                   lambda: [setattr(f, "below", 0) for _, f in fast_cells]))
+        rt.add_counters(lambda: {name: f.below for name, f in fast_cells},
+                        lambda: [setattr(f, "below", 0) for _, f in fast_cells])
 
 
 def _make_slow(spec: "OpSpec", sig: Any, rt: "Runtime", original: Callable) -> Callable:
-    """The shim's path for a call above its op's floor: decide, run on the worker or here, record."""
-    from ..runtime import Record
+    """The shim's path for a call above its op's floor: the runtime's one entry."""
+    dispatch = rt.dispatch
 
     def _slow(*args: Any, **kwargs: Any) -> Any:
-        if rt.local_only:
-            return original(*args, **kwargs)
-        got = rt.call(spec, sig, args, kwargs)
-        if got is None:
-            return original(*args, **kwargs)
-        if got.__class__ is not Record:
-            return rt.remote_done(got, original, sig, args, kwargs)
-        # computed here, in this frame, so NumPy's own errors reach the program unchanged
-        t = time.perf_counter()
-        try:
-            result = original(*args, **kwargs)
-        except BaseException as exc:
-            rt.local_done(got, time.perf_counter() - t, exc)
-            raise
-        rt.local_done(got, time.perf_counter() - t, None)
-        return result
+        return dispatch(spec, sig, args, kwargs, original, original)
 
     return _slow
 
@@ -248,7 +252,7 @@ def _make_wrapper(spec: "OpSpec", rt: "Runtime", slow: Callable) -> Callable:
     from numpy import ndarray
 
     below_floor = rt.ledger.fast_path[spec.name]  # a list cell: counting costs one add
-    floor_cell = rt.floor_cell(spec.name)  # this op's floor, kept current by the planner (issue 5)
+    floor_cell = rt.floor_cell(spec.name)  # this op's floor, kept current by the planner
 
     def _intercepted(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
         if rt.local_only:

@@ -1,11 +1,11 @@
-"""The native loader (issue 3): ``fusion_shim._native``, built from ``native/_native.c``.
+"""The native loader: ``fusion_shim._native``, built from ``native/_native.c``.
 
 Two uses, both optional and both off with ``FUSION_SHIM_NATIVE=0``:
 
 - **operators**: trampolines in ndarray's ``@`` and ``@=`` slots and behind ``ndarray.dot``. In C,
   a call whose operands are not both exact ndarrays, or whose input bytes are under the published
   floor, goes to NumPy's original at once; the rest come to :func:`operator_callback`'s function,
-  which decides through ``Runtime.call`` like a catalog call (rows ``catalog.OPERATORS``) and
+  which goes through ``Runtime.dispatch`` like a catalog call (rows ``catalog.OPERATORS``) and
   computes locally through NumPy's original C entry (``_native.original``), so NumPy's semantics
   and errors are unchanged. Not installed under policy ``local``.
 - **the fast path of wrapped module functions**: :func:`fast_proxy` is a ``wrapt.ObjectProxy``
@@ -14,7 +14,7 @@ Two uses, both optional and both off with ``FUSION_SHIM_NATIVE=0``:
 
 The floor is one number in C, published by :func:`publish_floor`: ``-1`` passes everything through
 (policy local, or no shim installed), ``0`` sends every exact-ndarray call to the Python path
-(policy remote), else the smallest of the planner's per-op floors (issue 5); each FastCall and each
+(policy remote), else the smallest of the planner's per-op floors; each FastCall and each
 operator also holds its own op's floor, used where it is above that one. The runtime publishes them
 again whenever the planner refreshes a floor.
 
@@ -25,7 +25,7 @@ the runtime's ``guard`` covers the shim's own threads (calibration) as before.
 from __future__ import annotations
 
 import copyreg
-import time
+import importlib
 import types
 import warnings
 from typing import TYPE_CHECKING, Any, Callable
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import wrapt
 
 if TYPE_CHECKING:
-    from ..runtime import Runtime
+    from ..client.runtime import Runtime
 
 INTERFACE = 2  # must equal the extension's INTERFACE (native/_native.c)
 _native: Any = None
@@ -49,7 +49,8 @@ def available() -> bool:
         _loaded = True
         try:
             try:
-                from .. import _native as module
+                # by name: the extension, not the package's Python, is what this module needs
+                module = importlib.import_module(__package__.rpartition(".")[0] + "._native")
             except ImportError:
                 module = _installed_copy()
                 if module is None:
@@ -98,7 +99,7 @@ def publish_floor(floor_bytes: int) -> None:
 
 
 def publish_op_floors(floors: tuple[int, int, int]) -> None:
-    """Each operator's own floor (``@``, ``@=``, ``.dot``; issue 5), where above the published one."""
+    """Each operator's own floor (``@``, ``@=``, ``.dot``), where above the published one."""
     if _native is not None:
         _native.set_op_floors(tuple(int(f) for f in floors))
 
@@ -124,7 +125,7 @@ def install_operators(rt: "Runtime") -> tuple[bool, str]:
             warnings.warn(f"fusion_shim: @, @= and .dot are not intercepted: {why}", RuntimeWarning, stacklevel=3)
         return False, why
     names = ("numpy.ndarray.__matmul__", "numpy.ndarray.__imatmul__", "numpy.ndarray.dot")
-    rt.ledger.counters.append((lambda: dict(zip(names, _native.counts())), _native.reset_counts))
+    rt.add_counters(lambda: dict(zip(names, _native.counts())), _native.reset_counts)
     _native.reset_counts()
     return True, ""
 
@@ -143,35 +144,21 @@ def uninstall_operators() -> None:
 
 
 def operator_callback(rt: "Runtime") -> Callable[[Any, Any, Any, int], Any]:
-    """The function the trampolines call with ``(a, b, out_or_None, kind)``: the result, or
-    ``_native.LOCAL`` for "NumPy's original, nothing to record"."""
+    """The function the trampolines call with ``(a, b, out_or_None, kind)``: the runtime's one entry,
+    computing here through NumPy's own C entry, so that NumPy's errors reach the program unchanged."""
     from ..catalog import OPERATOR_SIGNATURES, OPERATORS
-    from ..runtime import Record
 
-    table = tuple(zip(OPERATORS, OPERATOR_SIGNATURES))
-    original, local = _native.original, _native.LOCAL
+    original, dispatch = _native.original, rt.dispatch
+    # per kind: (row, signature, NumPy's entry, the check: none for `a @= b`, whose input is gone by then)
+    table = []
+    for kind, (spec, sig) in enumerate(zip(OPERATORS, OPERATOR_SIGNATURES)):
+        entry = (lambda x, y, out=None, _kind=kind: original(_kind, x, y, out))
+        table.append((spec, sig, entry, None if spec.name.endswith("__imatmul__") else entry))
+    table = tuple(table)
 
     def _operator(a: Any, b: Any, out: Any, kind: int) -> Any:
-        if rt.local_only:
-            return local
-        spec, sig = table[kind]
-        got = rt.call(spec, sig, (a, b), {} if out is None else {"out": out})
-        if got is None:
-            return local
-        if got.__class__ is not Record:
-            # a check recomputes with NumPy's own entry; not for `a @= b`, whose input is gone by now
-            check = None if spec.name.endswith("__imatmul__") else (
-                lambda x, y, out=None: original(kind, x, y, out))
-            return rt.remote_done(got, check, sig, (a, b), {} if out is None else {"out": out})
-        # NumPy's own C entry, so that NumPy's errors reach the program unchanged
-        t = time.perf_counter()
-        try:
-            result = original(kind, a, b, out)
-        except BaseException as exc:
-            rt.local_done(got, time.perf_counter() - t, exc)
-            raise
-        rt.local_done(got, time.perf_counter() - t, None)
-        return result
+        spec, sig, entry, check = table[kind]
+        return dispatch(spec, sig, (a, b), {} if out is None else {"out": out}, entry, check)
 
     return _operator
 

@@ -64,7 +64,9 @@ class Planner:
                  background: Callable[[Callable[[], None], str], None] | None = None,
                  on_event: Callable[[str], None] | None = None,
                  explore_fraction: float = EXPLORE_FRACTION, profile: Profile | None = None,
-                 ops: dict[str, str] | None = None):
+                 ops: dict[str, str] | None = None, inputs_may_be_resident: bool = False,
+                 worker_busy: Callable[[], bool] | None = None,
+                 on_floors: Callable[[int, Any], None] | None = None):
         self.policy = policy
         self.ops = dict(ops) if ops else None  # name -> family: the ops whose floors are derived
         self.profile = profile or Profile(workers)
@@ -101,15 +103,15 @@ class Planner:
         start = 0 if policy == "remote" else NEVER if self.held else FLOOR_BYTES
         self.floor_cells: dict[str, list[int]] = defaultdict(lambda: [start])
         self.floor_bytes = start
-        # set by the runtime once residency can keep inputs on a worker: the floors then
-        # assume inputs may already be there, so only the result's way back is certain
-        self.inputs_may_be_resident = False
-        # D91: set by the runtime: whether a worker computing on the client's CPUs has a call of ours
-        # in flight (no calibration probe then)
-        self.worker_busy: Callable[[], bool] = lambda: False
+        # where residency can keep inputs on a worker: the floors then assume inputs may already be
+        # there, so only the result's way back is certain
+        self.inputs_may_be_resident = inputs_may_be_resident
+        # D91: whether a worker computing on the client's CPUs has a call of ours in flight (no
+        # calibration probe then)
+        self.worker_busy: Callable[[], bool] = worker_busy or (lambda: False)
         # called after each refresh with the smallest floor and the ops refreshed: the C fast path
         # holds the smallest, and each op's own
-        self.on_floors: Callable[[int, Any], None] | None = None
+        self.on_floors: Callable[[int, Any], None] | None = on_floors
 
     # -- on the application's thread ------------------------------------------------------------
     def decide(self, call: Call, workers: Sequence[WorkerState]) -> Decision:

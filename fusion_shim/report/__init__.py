@@ -42,15 +42,43 @@ import math
 import os
 import statistics
 import sys
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, Sequence, TextIO
 
-from ..ledger import PHASES
+from ..config import Config
+from ..ledger import PHASES, Ledger
+
+if TYPE_CHECKING:
+    from ..plan import Planner
 
 SCHEMA = "fusion_shim.report/1"
 WORKER_PHASES = ("fingerprint", "encode", "send", "transfer", "h2d", "kernel", "d2h", "decode")
 
 
-def build(rt: Any, ledger: Any = None) -> dict[str, Any]:
+class WorkerView(Protocol):
+    """What the report reads of one worker link (client.link.WorkerLink)."""
+    url: str | None
+    embedded: bool
+    state: str
+    ready_after_s: float | None
+    restarts: int
+    info: dict[str, Any]
+    index: int
+
+
+class RunView(Protocol):
+    """What the report reads of a run (client.runtime.Runtime)."""
+    config: Config
+    ledger: Ledger
+    operators: dict[str, Any]
+    link: WorkerView | None
+    links: Sequence[WorkerView]
+    planner: "Planner | None"
+
+    def worker_drift(self, index: int) -> tuple[float, int]:
+        """(log of the worker's measured speed over its self-benchmark, calls behind it)."""
+
+
+def build(rt: RunView, ledger: Ledger | None = None) -> dict[str, Any]:
     """The report of ``rt``, from its ledger or from ``ledger`` (a notebook cell's share of it)."""
     snap = (ledger or rt.ledger).snapshot()
     link = rt.link
@@ -75,7 +103,7 @@ def build(rt: Any, ledger: Any = None) -> dict[str, Any]:
     return report
 
 
-def planner_section(rt: Any) -> dict[str, Any]:
+def planner_section(rt: RunView) -> dict[str, Any]:
     """What the decision engine did: exploration and its cost, model resets, the floors,
     every worker with its measured link."""
     p = rt.planner
@@ -87,10 +115,14 @@ def planner_section(rt: Any) -> dict[str, Any]:
         "floors_bytes": {op: cell[0] for op, cell in sorted(p.floor_cells.items())},
         "floors_raised_bytes": dict(sorted(p.raised.items())), "floor_raises": p.raises,
         "calibration": {f"{f}/{d}": src for (f, d), src in p.curves_from.items()},
-        "workers": [{"url": link.url, "state": link.state, "link": link.info.get("link"),
-                     "speed_vs_benchmark": math.exp(p.profile.workers[link.index].device.drift),
-                     "speed_vs_benchmark_calls": p.profile.workers[link.index].device.drift_n} for link in rt.links],
+        "workers": [_worker_entry(rt, link) for link in rt.links],
     }
+
+
+def _worker_entry(rt: RunView, link: WorkerView) -> dict[str, Any]:
+    drift, calls = rt.worker_drift(link.index)
+    return {"url": link.url, "state": link.state, "link": link.info.get("link"),
+            "speed_vs_benchmark": math.exp(drift), "speed_vs_benchmark_calls": calls}
 
 
 def summarize(report: dict[str, Any]) -> dict[str, Any]:
@@ -296,7 +328,7 @@ def _sites_and_reasons(sm: dict[str, Any], ops: dict[str, Any]) -> list[str]:
     return lines
 
 
-def at_exit(rt: Any, stream: TextIO | None = None) -> None:
+def at_exit(rt: RunView, stream: TextIO | None = None) -> None:
     report = build(rt)
     if rt.config.report:
         write_json(report, rt.config.report)

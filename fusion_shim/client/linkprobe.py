@@ -1,11 +1,10 @@
-"""Measure a worker's link (issue 5): round trip from a few pings at connect, bandwidth each way from
+"""Measure a worker's link: round trip from a few pings at connect, bandwidth each way from
 one bulk transfer each way.
 
 The pings run on a link's handshake thread after the worker said ``ready``. The bulk transfers move
-a few MiB through the program's process, which cost a short program 20-40 ms of its own time on the
-2-core development machine, so the runtime asks for them only at the first call that a worker would
-get or explore were the link free (plan.Planner.link_could_matter), on a thread of their own; a call
-predicted long enough to cover them has them made while it waits. The transfers are ordinary ``call`` messages that any worker
+a few MiB through the program's process (D23), so the runtime asks for them only at the first call
+that a worker would get or explore were the link free (plan.Planner.link_could_matter), on a thread
+of their own; a call predicted long enough to cover them has them made while it waits. The transfers are ordinary ``call`` messages that any worker
 answers (a matmul of thin operands: 8 bytes of work per byte moved): up, (1, N) @ (N, 1), N values
 each way up and one back; down, (M, 1) @ (1, M), 2M values up and M*M back. Link time is the round
 trip minus the worker's own reported time, as for every call the planner learns from; the best of
@@ -18,22 +17,20 @@ from typing import Callable
 
 import numpy as np
 
-from . import transport
-from .protocol import wire
+from .. import transport
+from ..protocol import wire
 
 SMALL = 256 << 10          # bytes each way in the first transfer
-LARGE = 1 << 20            # ... and in the second, when the first took under FAST_S (the first alone,
-#                            beside a busy program on a loopback link, read 60-110 MB/s where 1-3 GB/s is right)
+LARGE = 1 << 20            # D33: ... and in the second, when the first took under FAST_S
 FAST_S = 0.03
-LARGE_TRIES = 2            # the second transfer, repeated: the best of them is kept (beside a client on one
-#                            busy core one transfer read 340 MB/s down where the same link moves 2 GB/s)
+LARGE_TRIES = 2            # D33: the second transfer, repeated: the best of them is kept
 PINGS = 5
 
 
 def _call(chan: transport.Channel, rid: int, a: np.ndarray, b: np.ndarray, alive: Callable[[], bool] | None,
           deadline_s: float) -> tuple[float, float]:
     """(seconds from send to reply, the worker's own seconds) for one matmul."""
-    result = {"dtype": "<f8", "shape": [a.shape[0], b.shape[1]]}  # declared, as every call's (issue 8)
+    result = {"dtype": "<f8", "shape": [a.shape[0], b.shape[1]]}  # declared, as every call's
     frames = wire.encode({"t": "call", "id": rid, "op": "matmul", "params": {"cdtype": "<f8"}, "layouts": ["C"],
                           "results": [result]}, [a, b])
     t = time.perf_counter()
@@ -47,8 +44,8 @@ def _call(chan: transport.Channel, rid: int, a: np.ndarray, b: np.ndarray, alive
 
 
 def _byte_time(seconds: float, rtt: float) -> float:
-    """A transfer's time less the round trip, but never under half its whole time: on loopback a MiB
-    moves in less than the round trip's own jitter, and the bare difference once read 50 GB/s."""
+    """D33: a transfer's time less the round trip, but never under half its whole time: on loopback a
+    MiB moves in less than the round trip's own jitter."""
     return max(seconds - rtt, seconds / 2, 1e-6)
 
 

@@ -1,10 +1,11 @@
-"""Residency, client side: the mirror of what a worker holds, and what this process reuses.
+"""Residency, client side: the mirror of what a worker holds, what this process reuses, and a call's
+inputs laid out for the wire with their fingerprints.
 
 Inputs are fingerprinted (:mod:`fusion_shim.protocol.fingerprint`) only for calls that are remote
 candidates and only from ``RESIDENT_MIN`` bytes up.
 
 The mirror is a hint: the worker's answer is final. A reference the worker no longer holds comes
-back as a ``missing`` error and is resent once, by value (``runtime``).
+back as a ``missing`` error and is resent once, by value (:mod:`.remote`).
 """
 from __future__ import annotations
 
@@ -12,15 +13,16 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from .protocol.fingerprint import RESIDENT_MIN
+from ..protocol import wire
+from ..protocol.fingerprint import RESIDENT_MIN, fingerprint, worth_keeping
 
-HASH_BPS = 25e9  # fingerprinting a call's inputs from DRAM: a 32 MB matrix took 1.1-1.5 ms (~30 GB/s, LIMITS.md)
+HASH_BPS = 25e9  # D31: fingerprinting a call's inputs from DRAM, until this process has measured its own
 
 
 class HashRate:
     """How fast this process looks at a call's inputs (lays them out for the wire and fingerprints
     them), in bytes/s, learnt from its own looks (in log space, each weighing 1/8): whether a look
-    can pay for itself (runtime)."""
+    can pay for itself (:mod:`.call`)."""
 
     def __init__(self, bps: float = HASH_BPS) -> None:
         self.bps = bps
@@ -39,8 +41,8 @@ REUSE_CAP = 3  # an input seen in k earlier calls is expected in about k more, a
 class Reuse:
     """How many of this process's remote-candidate calls each input (by fingerprint) was an input
     of, least recently used forgotten first. A chain of calls reusing one large matrix then prices
-    that matrix's upload over the calls it will serve: uploaded once, it stays on the worker (issue
-    5: a call that pays only once its inputs are there was otherwise never the first to go)."""
+    that matrix's upload over the calls it will serve: uploaded once, it stays on the worker (D32: a
+    call that pays only once its inputs are there was otherwise never the first to go)."""
 
     def __init__(self, size: int = 1024) -> None:
         self._seen: OrderedDict[str, int] = OrderedDict()
@@ -107,3 +109,43 @@ class Mirror:
 
     def __len__(self) -> int:
         return len(self._held)
+
+
+class Wired:
+    """A call's inputs laid out for the wire, with fingerprints for those worth keeping; ``refs``:
+    the indices the chosen worker is believed to hold (sent as references)."""
+
+    def __init__(self, arrays: list):
+        self.items, self.fps, self.refs = [], [], []
+        self.sizes = [a.nbytes for a in arrays]
+        self.hashed = 0  # bytes fingerprinted
+        for arr in arrays:
+            meta, buf = wire.to_wire(arr)
+            self.items.append((meta, buf))
+            keep = worth_keeping(arr.nbytes)
+            self.fps.append(fingerprint(meta, buf) if keep else None)
+            self.hashed += arr.nbytes if keep else 0
+
+    def refs_in(self, mirror: Mirror) -> list[int]:
+        return [i for i, fp in enumerate(self.fps) if fp is not None and fp in mirror]
+
+    def to_send(self, mirror: Mirror, reuse: Reuse) -> tuple[int, int]:
+        """(input bytes a worker with ``mirror`` is priced for, bytes of inputs reused here whose
+        upload is priced over their reuse): what it holds costs nothing, what this process keeps
+        reusing costs its share (residency.Reuse), the rest in full."""
+        held = set(self.refs_in(mirror))
+        priced = reused = 0.0
+        for i, (fp, size) in enumerate(zip(self.fps, self.sizes)):
+            if i in held:
+                continue
+            share = reuse.share(fp)
+            priced += size * share
+            reused += size if share < 1.0 else 0
+        return int(priced), int(reused)
+
+    def least_to_send(self, mirror: Mirror, reuse: Reuse) -> int:
+        """The fewest input bytes a worker with ``mirror`` could ever be priced for with these inputs
+        (what ``to_send`` prices once each reused input's share has fallen as far as it goes)."""
+        held = set(self.refs_in(mirror))
+        return int(sum(size * reuse.least_share(fp) for i, (fp, size) in enumerate(zip(self.fps, self.sizes))
+                       if i not in held))

@@ -1,0 +1,297 @@
+"""One intercepted call that is a candidate, from its arguments to the worker's answer or a record
+of why it runs here: prepare, decide (once), send, fall back.
+
+The decision is one step (:meth:`CallPath.decide`): the planner's, refined where the inputs may be
+resident on a worker (D30) and where a worker's link is not measured yet (D25). Any fault on the
+way to the worker (no reply by the deadline, a dead worker, an error reply, a malformed reply) is
+recorded and the call is computed here: a fault costs time, never an exception or a wrong answer.
+Each call's deadline follows its prediction once that worker has answered the op (D27).
+"""
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from dataclasses import replace
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .. import plan, transport
+from ..catalog import OpSpec, Prepared, Unsupported, prepare
+from ..config import Config
+from ..errors import FallbackError
+from ..ledger import Ledger, Record, call_site
+from . import remote
+from .checks import Checks, Done
+from .link import WorkerLink
+from .residency import HashRate, Reuse, Wired
+
+DEADLINE_FLOOR_S = 5.0   # D27: per-call deadline: max(floor, factor x predicted), capped by Config.timeout,
+DEADLINE_FACTOR = 20.0   # once the family has a measured worker time (before that: Config.timeout)
+SYNC_LINK_PROBE_S = 0.05  # D25: a call predicted to take this long here waits for its link's first bandwidth
+SYNC_LINK_PROBE_RTTS = 100  # probe, and this many of the link's round trips
+
+
+class Planned(NamedTuple):
+    """What the planner decided for one call, kept on its record (``rec.plan``, not a field: the
+    record's fields are what the report serialises) until the call is timed and learnt from."""
+    call: plan.Call
+    decision: plan.Decision
+    inputs_up: int | None = None  # the fewest input bytes a worker could be priced for, where looked at
+
+
+class CallPath:
+    """The calls of one run; ``links`` is the runtime's list, filled when the workers start."""
+
+    def __init__(self, config: Config, ledger: Ledger, planner: plan.Planner, links: list[WorkerLink],
+                 checks: Checks, hash_rate: HashRate, reuse: Reuse):
+        self.config = config
+        self.ledger = ledger
+        self.planner = planner
+        self.links = links
+        self.checks = checks
+        self.hash_rate = hash_rate  # how fast this process fingerprints inputs (what a look costs)
+        self.reuse = reuse  # inputs this process keeps passing to remote candidates
+        self._inflight_lock = threading.Lock()
+
+    def run(self, spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict) -> Done | Record:
+        """``Done`` (the worker's answer, to be checked) or a ``Record`` (compute here, then
+        :meth:`local_done`)."""
+        t0 = time.perf_counter()
+        rec = Record(spec.name, spec.family, site=call_site(4), start_s=t0 - self.ledger.started,
+                     thread=threading.get_ident())
+        prep = self._prepare(spec, sig, args, kwargs, rec)
+        if prep is None:  # unsupported, pinned, or no worker has its kernel: the record says so
+            return rec
+        call = plan.Call(spec.name, spec.family, _dtype_code(prep), prep.flops, prep.bytes_in, prep.bytes_out)
+        planned, wired = self.decide(spec, call, prep, rec)
+        decision = planned.decision
+        rec.plan = planned
+        rec.reason = decision.reason
+        rec.predicted_local_s, rec.predicted_remote_s = decision.local_s, decision.remote_s
+        if decision.where == "local":
+            # under policy remote every supported call was meant for the worker: that is a fallback
+            rec.kind = "fallback" if self.config.policy == "remote" else "local"
+            return rec
+        return self._send(spec, call, decision, prep, rec, wired, t0)
+
+    # -- prepare ----------------------------------------------------------------------------------
+    def _prepare(self, spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict,
+                 rec: Record) -> Prepared | None:
+        """The call laid out for the worker, or None where it cannot go to one (``rec`` says why)."""
+        try:
+            prep = prepare(spec, sig, args, kwargs)
+        except Unsupported as exc:
+            rec.kind, rec.reason = "unsupported", str(exc)
+            return None
+        rec.shapes = [list(a.shape) for a in prep.arrays]
+        rec.dtypes = [a.dtype.str for a in prep.arrays]
+        pinned = self.checks.pinned_reason(rec, (spec.kernel_id, tuple(rec.dtypes)))
+        if pinned is not None:
+            rec.kind, rec.reason = pinned
+            return None
+        # only a cold worker is waited for; one that faulted is probed in the background instead
+        first = self.links[0] if self.links else None
+        if (self.config.policy == "remote" and first is not None and first.state == "starting"
+                and not any(link.ready.is_set() for link in self.links)):
+            waited = time.perf_counter()
+            first.wait_ready(self.config.ready_timeout, while_starting=True)
+            rec.phases["wait_ready"] = time.perf_counter() - waited
+        unoffered = self._unoffered(spec)
+        if unoffered is not None:
+            rec.kind, rec.reason = "unsupported", unoffered
+            return None
+        return prep
+
+    def _unoffered(self, spec: OpSpec) -> str | None:
+        """Why no worker can run this row (a numba row where no worker has numba-cuda)."""
+        if not self.links or any(link.offers(spec.kernel_id) for link in self.links):
+            return None
+        return f"the worker has no kernel {spec.kernel_id} (numba: {self.links[0].info.get('numba')})"
+
+    # -- decide, once -------------------------------------------------------------------------------
+    def decide(self, spec: OpSpec, call: plan.Call, prep: Prepared, rec: Record) -> tuple[Planned, Wired | None]:
+        """The call's decision, and its inputs laid out for the wire where they were looked at. The
+        planner's first answer is refined by two named steps, each asking it again only where its
+        inputs changed: what each worker holds (:meth:`_priced_by_residency`), and a link measured
+        now (:meth:`_measure_links`)."""
+        unknown = [None] * len(self.links)
+        decision = self.planner.decide(call, self._states(spec, unknown))
+        wired, to_send, inputs_up = None, None, None
+        if self._worth_looking(spec, call, decision):
+            wired, to_send, inputs_up = self._priced_by_residency(prep, rec)
+            if any(priced != prep.bytes_in for priced, _ in to_send):
+                decision = self.planner.decide(call, self._states(spec, *zip(*to_send)))
+        if self._measure_links(spec, call, decision, rec):
+            decision = self.planner.decide(call, self._states(spec, *(
+                zip(*to_send) if to_send is not None else (unknown,))))
+        return Planned(call, decision, inputs_up), wired
+
+    def _worth_looking(self, spec: OpSpec, call: plan.Call, decision: plan.Decision) -> bool:
+        """D30: fingerprint only a remote candidate: a call that goes to a worker, or one that would if
+        its inputs were already there by more than hashing them costs, or one for which where its
+        inputs are decides whether it is evidence for its op's floor."""
+        return bool(self.config.residency and self.links and decision.remote_s is not None and (
+            decision.where == "worker" or self._would_offload_if_resident(spec, call)
+            or self.planner.residency_decides(call, decision)))
+
+    def _priced_by_residency(self, prep: Prepared, rec: Record) -> tuple[Wired, list, int]:
+        """The inputs fingerprinted; per worker (input bytes it is priced for, bytes priced over
+        their reuse), and the fewest any worker could be priced for: the one that holds them is
+        preferred."""
+        t = time.perf_counter()
+        wired = Wired(prep.arrays)
+        rec.phases["fingerprint"] = spent = time.perf_counter() - t
+        self.hash_rate.observe(wired.hashed, spent)
+        to_send = [wired.to_send(link.mirror, self.reuse) for link in self.links]
+        inputs_up = min(wired.least_to_send(link.mirror, self.reuse) for link in self.links)
+        self.reuse.note(wired.fps)
+        return wired, to_send, inputs_up
+
+    def _would_offload_if_resident(self, spec: OpSpec, call: plan.Call) -> bool:
+        """Would some ready worker take the call if it held every input, with the time hashing them
+        to find out added to its side? A look that costs more than the call could gain (a
+        matrix-vector product reads its matrix once) loses even when they are there. (Pure: no
+        learning.)"""
+        look = self.hash_rate.seconds(call.bytes_in)
+        states = [replace(w, backlog_s=w.backlog_s + look)
+                  for w in self._states(spec, [0] * len(self.links))]
+        try:
+            return plan.decide(self.config.policy, call, self.planner.profile, states, 0.0,
+                               self.config.min_flops).where == "worker"
+        except Exception:  # a planner bug: no residency for this call, never an exception
+            return False
+
+    def _measure_links(self, spec: OpSpec, call: plan.Call, decision: plan.Decision, rec: Record) -> bool:
+        """D25: a worker is in the running for this call, its link aside: the link's bandwidth is
+        worth measuring now (priced with the prior until then; where even a free link would leave
+        the call here, never; under policy remote nothing is decided, and the probe's traffic would
+        only blur the counts). Returns whether a probe was made on this thread, so that the call is
+        decided again with the measured link; so is the next call to want it after the probe's
+        thread found the program busy (WorkerLink.measure_bandwidth_soon)."""
+        if not (self.config.policy == "auto" and decision.remote_s is not None and decision.local_s is not None
+                and any(link.bandwidth is None for link in self.links) and (decision.where == "worker" or (
+                    self.planner.link_could_matter(call, self._states(spec, [None] * len(self.links)))))):
+            return False
+        t = time.perf_counter()
+        probed = False
+        for link in self.links:
+            if link.bandwidth is None:
+                # the probe takes a few round trips and ~1-4 MB: waited for only where that is small
+                wait = decision.local_s >= max(SYNC_LINK_PROBE_S, SYNC_LINK_PROBE_RTTS * (link.rtt_s or 1.0))
+                probed = link.measure_bandwidth_soon(wait) or probed
+        if probed:
+            rec.phases["link_probe"] = time.perf_counter() - t
+        return probed
+
+    def _states(self, spec: OpSpec, missing: Any, reused: Any = None) -> list[plan.WorkerState]:
+        """Each worker as the planner sees it for this call (``missing``, ``reused``: per worker, as
+        plan_state takes them); one without the row's kernel is no candidate."""
+        return [link.plan_state(m, r) if link.offers(spec.kernel_id) else plan.WorkerState("without-kernel",
+                                                                                            name=link.url or "")
+                for link, m, r in zip(self.links, missing, reused or [0] * len(self.links))]
+
+    # -- send, and fall back ----------------------------------------------------------------------
+    def _send(self, spec: OpSpec, call: plan.Call, decision: plan.Decision, prep: Prepared, rec: Record,
+              wired: Wired | None, t0: float) -> Done | Record:
+        link = self.links[decision.worker or 0]
+        predicted = decision.remote_s
+        deadline_s, bounded = self._deadline(link, call, decision)
+        with self._inflight_lock:
+            link.inflight += 1
+            link.backlog_s += predicted or 0.0
+        t_sent = time.perf_counter()
+        try:
+            value, seconds, kernel_s = remote.send(prep, rec, link, wired, deadline_s)
+            # the device model learns the kernel's time; the link model everything else of the round
+            # trip, with the bytes that crossed it (socket and shared memory)
+            self.planner.observed_remote(link.index, call, decision, seconds, kernel_s,
+                                         rec.bytes_sent + rec.shm_sent, rec.bytes_received + rec.shm_received)
+        except transport.Timeout as exc:
+            if not bounded:
+                return self._failed(exc, rec, link, call, spec, t_sent, deadline_s, predicted)
+            return self._abandoned(rec, link, call, decision, t_sent)
+        except transport.TransportError as exc:
+            return self._failed(exc, rec, link, call, spec, t_sent, deadline_s, predicted)
+        except Exception as exc:
+            # a bug on the shim's own remote path (not NumPy's error, not the worker's: NumPy runs
+            # after this, in the caller's frame) must not reach the program either
+            link.fault(exc)
+            rec.kind, rec.reason = "fallback", f"internal error: {type(exc).__name__}: {exc}"[:300]
+            return rec
+        finally:
+            with self._inflight_lock:
+                link.inflight -= 1
+                link.backlog_s = max(link.backlog_s - (predicted or 0.0), 0.0) if link.inflight else 0.0
+        rec.kind = "worker"
+        rec.wall_s = time.perf_counter() - t0
+        link.answered.add((call.op, call.dtype))
+        return Done(value, rec, prep)
+
+    def _deadline(self, link: WorkerLink, call: plan.Call, decision: plan.Decision) -> tuple[float, bool]:
+        """(seconds the call may wait for its reply, whether running out is an abandoned exploration)."""
+        deadline_s = self.config.timeout
+        if decision.remote_s is not None and (call.op, call.dtype) in link.answered:
+            deadline_s = min(deadline_s, max(DEADLINE_FLOOR_S, DEADLINE_FACTOR * decision.remote_s))
+        # D28: an exploration's cost is bounded: past this it is computed here; not where the worker
+        # computes on this machine's CPUs, where the abandoned call would go on competing with the
+        # local one (there the planner prices explorations more pessimistically instead)
+        bounded = decision.explore and not link.cpus_shared
+        if bounded:
+            deadline_s = min(deadline_s, self.planner.explore_deadline(decision))
+        return deadline_s, bounded
+
+    def _abandoned(self, rec: Record, link: WorkerLink, call: plan.Call, decision: plan.Decision,
+                   t_sent: float) -> Record:
+        """An exploration out of its deadline: not a fault (the worker is up, only slower than
+        hoped); the late reply is dropped when it comes, and the call runs here. The worker may
+        still be computing it: its next answers, measured, will show that."""
+        waited = time.perf_counter() - t_sent
+        self.planner.abandoned(link.index, call, waited)
+        rec.phases["abandoned"] = waited
+        rec.kind = "local"
+        rec.reason = (f"exploration abandoned after {waited * 1e3:.3g} ms (predicted {(decision.remote_s or 0) * 1e3:.3g} "
+                      f"ms there, {(decision.local_s or 0) * 1e3:.3g} ms here): computed here")
+        rec.plan = Planned(call, plan.Decision("local", rec.reason, decision.local_s, decision.remote_s))
+        if self.planner.explorations_abandoned == 1:
+            self.ledger.event(f"an exploration of {call.op} on {link.url} was abandoned after "
+                              f"{waited * 1e3:.3g} ms and computed here (explorations' cost is bounded "
+                              "by their budget; the report's planner section counts them)")
+        return rec
+
+    def _failed(self, exc: Exception, rec: Record, link: WorkerLink, call: plan.Call, spec: OpSpec,
+                t_sent: float, deadline_s: float, predicted: float | None) -> Record:
+        """A call the link failed: a fallback, said in its record; the link is faulted unless the
+        worker only answered this call with an error."""
+        detail = ""
+        if isinstance(exc, transport.Timeout):
+            detail = f" ({deadline_s:.3g} s: predicted {predicted or 0:.3g} s)"
+            # it took at least this long: the next prediction for the op moves up
+            self.planner.timed_out(link.index, call, time.perf_counter() - t_sent)
+        if isinstance(exc, (transport.WorkerDied, transport.WorkerLost)):
+            self.checks.count_crash((spec.kernel_id, tuple(rec.dtypes)), exc)
+        if not isinstance(exc, remote.WorkerFault):  # an error reply is about this call, not the worker
+            link.fault(exc)
+        rec.kind, rec.reason = "fallback", f"{type(exc).__name__}: {exc}{detail}"[:300]
+        return rec
+
+    # -- after a local computation ------------------------------------------------------------------
+    def local_done(self, rec: Record, seconds: float, exc: BaseException | None) -> None:
+        """A call computed here, in the caller's frame: timed, learnt from, recorded."""
+        rec.phases["local"] = seconds
+        rec.wall_s = time.perf_counter() - self.ledger.started - rec.start_s
+        rec.raised = None if exc is None else type(exc).__name__
+        planned: Planned | None = getattr(rec, "plan", None)
+        if planned is not None and exc is None:
+            self.planner.observed_local(planned.call, planned.decision, seconds, planned.inputs_up)
+        self.ledger.add(rec)
+        if self.config.strict and exc is None and rec.kind in ("unsupported", "fallback"):
+            raise FallbackError(f"{rec.op} at {rec.site} ran locally: {rec.kind}: {rec.reason}")
+
+
+def _dtype_code(prep: Prepared) -> str:
+    """The compute dtype as the planner's models key it: "f8", "c16", "i8", ..."""
+    dt = prep.params.get("cdtype") if isinstance(prep.params, dict) else None
+    dt = np.dtype(dt if dt else (prep.arrays[0].dtype if prep.arrays else "f8"))
+    return f"{dt.kind}{dt.itemsize}"

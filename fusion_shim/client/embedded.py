@@ -1,0 +1,77 @@
+"""The embedded worker: a ``fusion-shim worker`` process this program starts for itself, when no
+worker URL is given; whether this host has a GPU it could use; its scheduling priority."""
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+import sys
+
+
+def gpu_visible() -> bool:
+    """Whether this host shows a GPU the embedded worker's torch could use, without importing torch:
+    NVIDIA's device files or driver list, or ROCm's ``/dev/kfd``; ``CUDA_VISIBLE_DEVICES`` set empty
+    or to -1 hides them."""
+    hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if hidden is not None and hidden.strip() in ("", "-1"):
+        return False
+    return bool(glob.glob("/dev/nvidia[0-9]*") or glob.glob("/proc/driver/nvidia/gpus/*")
+                or os.path.exists("/dev/kfd"))
+
+
+def parallel_blas() -> bool:
+    """Whether this process's BLAS may run helper threads (more than one CPU allowed, no *_NUM_THREADS=1):
+    they spin for a while after each call, on the CPUs a same-host worker computes on."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    from ..plan.calibrate import THREAD_VARS  # the BLAS thread settings the calibration cache is keyed on
+
+    return cpus > 1 and not any(os.environ.get(v, "").strip() == "1" for v in THREAD_VARS)
+
+
+def spawn(url: str, tmpdir: str, device: str, policy: str) -> subprocess.Popen:
+    """Start the worker bound at ``url``, its output to ``tmpdir``/worker.log; under ``auto`` at idle
+    priority (:func:`lower_priority`)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
+    env["FUSION_SHIM"] = "0"  # the worker must not intercept (nor start a worker of its own)
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
+    log = open(os.path.join(tmpdir, "worker.log"), "ab")
+    cmd = [sys.executable, "-m", "fusion_shim", "worker", "--bind", url, "--device", device,
+           "--parent-pid", str(os.getpid())]
+    # D21: a process group of its own (Ctrl-C is the program's), in the program's session, whose
+    # scheduling group it then shares
+    group = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log, **group)
+    log.close()
+    if policy == "auto":
+        lower_priority(proc.pid)
+    return proc
+
+
+def lower_priority(pid: int) -> None:
+    """D20: under ``auto`` nobody waits for the embedded worker, and it shares the program's CPUs: it
+    runs at idle priority (SCHED_IDLE; where that is missing, nice 19), so that its warm-up takes only
+    CPU time nothing else wants. On a machine saturated by other work it then warms slowly or not at
+    all, and ``auto`` stays local. Under ``remote`` the program waits for it: it keeps normal priority."""
+    try:
+        # Python 3.10 has no process_group: there the worker leads a session of its own, and with
+        # autogroup scheduling a session is a scheduling group that competes with the program's as
+        # an equal, whatever the priority inside it: the group's own nice must drop too. Never the
+        # program's own session's group: that would be the user's whole terminal session
+        if os.getsid(pid) == pid != os.getsid(0):
+            with open(f"/proc/{pid}/autogroup", "w") as f:
+                f.write("19")
+    except OSError:
+        pass
+    try:
+        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+        return
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, 19)
+    except (AttributeError, OSError):
+        pass

@@ -1,0 +1,435 @@
+"""One worker link: its process when embedded, its readiness, one channel per thread.
+
+A link's states: ``starting`` (a cold worker: under ``remote`` the first call waits for it),
+``ready``, ``down`` (a fault: probed again in the background, backing off, while calls run locally),
+``deferred`` (D22: an embedded CPU worker not started yet), ``stopped``. Each thread and each
+process has its own channel: a forked child opens its own (``Channel.pid``). An embedded worker that
+died is restarted up to ``MAX_RESTARTS`` times.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import weakref
+from typing import Any
+
+from .. import plan, transport
+from ..config import Config
+from ..ledger import Ledger
+from ..protocol import wire
+from ..transport import shm as shmlane
+from . import embedded, linkprobe
+from .residency import Mirror
+
+MAX_RESTARTS = 2  # an embedded worker that died is restarted this many times, then the run stays local
+QUIET_TRIES = 4  # D24: a probe on its own thread waits for an idle moment this many checks (about 0.2 s),
+HANDOFF_RTT_S = 1e-3  # then runs, unless its link is this close: then the next call that wants it makes it
+REPROBE_MAX_S = 5.0  # a faulted worker is probed again after 0.1 s, doubling up to this
+
+
+class WorkerLink:
+    """One worker: its process when embedded, its readiness, one channel per thread."""
+
+    def __init__(self, config: Config, ledger: Ledger, planner: plan.Planner, url: str | None = None,
+                 index: int = 0):
+        self.config = config
+        self.ledger = ledger
+        self.planner = planner
+        self.index = index  # this worker's place in the planner's profile
+        self.url = url
+        self.embedded = url is None
+        self.inflight = 0  # this process's calls on it now, and their predicted seconds (the planner's queue)
+        self.backlog_s = 0.0
+        self.answered: set[tuple[str, str]] = set()  # (op, dtype) it has answered: their deadlines follow predictions
+        self.rtt_s: float | None = None                    # measured at the first handshake
+        self.bandwidth: tuple[float, float] | None = None  # (up, down) bytes/s, measured on first need
+        self._bw_probing = False
+        self._bw_handoff = False  # the probe's thread found the program busy: the next call makes it
+        self.proc: subprocess.Popen | None = None
+        self.owner = os.getpid()
+        self.tmpdir: str | None = None
+        self.state = "starting"
+        self.ready = threading.Event()
+        self.info: dict[str, Any] = {}
+        self.cpus_shared = False  # shares_cpus(), as of the last ready
+        self.contended = False    # ... and this process's BLAS may run threads beside it (read for every decision)
+        self.mirror = Mirror()  # what this worker is believed to hold: a hint
+        self.restarts = 0
+        self.ready_after_s: float | None = None
+        self._local = threading.local()
+        self._ids = itertools.count(1)
+        self._lock = threading.RLock()  # spawn, stop and probe never interleave
+        self._probing = False
+        self._probe_gen = 0
+        self._failed_probes = 0  # consecutive; sets the back-off and keeps the events short
+        self.stopped = False  # after stop(): no restart, no probe (a late thread must not respawn)
+        self.curve = _load_curve(config)
+        self.lane = shmlane.ClientLane(config.shm, ledger.event)  # same-host shared memory
+        _links.add(self)
+        if self.curve is None and not self.embedded and not transport.is_loopback(self.url):
+            ledger.event(f"connecting to {self.url} without authentication: the worker must run --insecure "
+                         "(set FUSION_SHIM_SERVER_KEY and FUSION_SHIM_CLIENT_KEYS for CURVE)")
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.lane.start(self.url)
+        if self.embedded:
+            self._spawn()
+        self._probe()
+
+    def shm(self) -> "shmlane.ShmPool | None":
+        """The shared-memory pool for this worker, where the lane was negotiated."""
+        return self.lane.pool()
+
+    def _spawn(self) -> None:
+        if self.tmpdir is None:
+            self.tmpdir = tempfile.mkdtemp(prefix="fusion-shim-")
+        self.url = f"ipc://{self.tmpdir}/worker-{self.restarts}.sock"
+        self.proc = embedded.spawn(self.url, self.tmpdir, self.config.device, self.config.policy)
+        self.state = "starting"  # a cold worker: under policy remote calls wait for it, as at start
+        self.ledger.event(f"embedded worker started (pid {self.proc.pid}) at {self.url}")
+
+    def _probe(self) -> None:
+        """Say hello in the background; the worker answers once warm."""
+        with self._lock:
+            if self._probing or self.stopped:
+                return
+            self._probing = True
+            self._probe_gen += 1
+            gen = self._probe_gen
+        threading.Thread(target=self._handshake, args=(gen,), name="fusion-shim-handshake", daemon=True).start()
+
+    def _handshake(self, gen: int) -> None:
+        ok = False
+        chan = None
+        try:
+            # its own channel, closed at the end: a probe thread must not leave a socket behind
+            chan = transport.Channel(self.url, self.curve)
+            rid = next(self._ids)
+            t = time.monotonic()
+            hello = {"t": "hello", "id": rid}
+            offer = self.lane.offer(self.url)  # shared memory, if the worker can map ours
+            if offer is not None:
+                hello["shm"] = offer
+            try:
+                header, _ = chan.request(rid, wire.encode(hello), t + self.config.ready_timeout, self._probe_alive)
+            finally:
+                self.lane.withdraw()
+            if header["t"] == "error":
+                raise transport.BadReply(f"hello answered with an error: {header.get('kind')}: {header.get('msg')}")
+            if header["t"] != "ready":
+                raise transport.BadReply(f"hello answered with {header['t']!r}")
+            info = {k: header.get(k) for k in ("pid", "device", "torch", "bench", "memory_budget", "numba", "kernels",
+                                               "boot")}
+            if info.get("pid") != self.info.get("pid"):
+                self.mirror.clear()  # a new worker process holds nothing yet
+                if info.get("numba") == "simulator":  # said where the report shows it
+                    self.ledger.event("numba kernels run under numba's CUDA SIMULATOR on the worker: tests only, slow")
+            self.info = info
+            self.cpus_shared = self.shares_cpus()
+            self.contended = self.cpus_shared and embedded.parallel_blas()
+            if offer is not None:
+                self.lane.answered(header.get("shm"), info.get("pid"))
+            if self.ready_after_s is not None:  # back after a fault: the link was measured before
+                self.info["link"] = {"rtt_s": self.rtt_s, **self._bandwidth_info()}
+                self.planner.worker_ready(self.index, self.info.get("bench"), self.rtt_s or 150e-6,
+                                          *(self.bandwidth or (None, None)))
+                self._ready(f"worker back at {self.url} (pid {self.info.get('pid')})")
+                ok = True
+                return
+            # D23: the round trip measured before any call is sent; the bandwidth on first need
+            # (measure_bandwidth_soon); the local side calibrates on first use (plan.planner)
+            rtt = self.rtt_s = min(self._ping(chan) for _ in range(5))
+            self.info["link"] = {"rtt_s": rtt, **self._bandwidth_info()}
+            up, down = self.bandwidth or (None, None)
+            self.planner.worker_ready(self.index, self.info.get("bench"), rtt, up, down)
+            self.ready_after_s = self.ledger.now()
+            self._ready(f"worker ready at {self.url} on {self.info.get('device')} "
+                        f"(pid {self.info.get('pid')}, round trip {rtt * 1e6:.0f} us)")
+            ok = True
+        except transport.TransportError as exc:
+            if self.state != "stopped":
+                self.state = "down"
+            if not self._failed_probes:  # one event per outage, not one per retry
+                self.ledger.event(f"worker not ready: {type(exc).__name__}: {exc}")
+            self._failed_probes += 1
+            self._maybe_restart()
+        finally:
+            if chan is not None:
+                chan.close()
+            with self._lock:
+                if self._probe_gen == gen:  # a restart may have started a newer probe meanwhile
+                    self._probing = False
+        if not ok:
+            self._reprobe_later()
+
+    def _bandwidth_info(self) -> dict:
+        if self.bandwidth is None:
+            return {}
+        return {"up_bytes_per_s": self.bandwidth[0], "down_bytes_per_s": self.bandwidth[1]}
+
+    def measure_bandwidth_soon(self, wait: bool = False) -> bool:
+        """D23, D24: bulk transfers each way (about 7 MB in all, linkprobe), the first time a call could
+        go to this worker; until it is done the planner prices the link with its prior. On a thread of
+        its own, or with ``wait`` on the caller's: a probe that shares a busy CPU with the program
+        measures the program, not the link, so a call long enough to pay for a few milliseconds has it
+        made while the program waits anyway. The thread waits a little (QUIET_TRIES) for the program
+        to be idle (its other threads' CPU time, as for calibration probes); still busy, over a link
+        within HANDOFF_RTT_S (where the probe is a few milliseconds of copying) it leaves the probe to
+        the next call that wants it, on the program's thread. Returns whether the probe was made
+        here, now."""
+        with self._lock:
+            if self.bandwidth is not None or self._bw_probing or self.stopped or not self.ready.is_set():
+                return False
+            self._bw_probing = True
+            wait = wait or self._bw_handoff
+        if wait:
+            self._measure_bandwidth()
+        else:
+            threading.Thread(target=self._measure_bandwidth_when_quiet, name="fusion-shim-link-probe",
+                             daemon=True).start()
+        return wait
+
+    def _measure_bandwidth_when_quiet(self) -> None:
+        from ..plan import calibrate
+
+        for _ in range(QUIET_TRIES):
+            # idle: the program's threads, and no call of its in flight here (waiting for one, the
+            # program looks idle, but its transfer shares the link and its kernel maybe the CPUs)
+            if self.stopped or (calibrate.others_busy() <= calibrate.BUSY_SHARE and not self.inflight):
+                break
+            time.sleep(calibrate.CONTENDED_PAUSE_S)
+        else:
+            if self.rtt_s is not None and self.rtt_s <= HANDOFF_RTT_S:
+                with self._lock:
+                    self._bw_handoff = True
+                    self._bw_probing = False
+                self.ledger.event(f"link bandwidth to {self.url}: the program was busy throughout {QUIET_TRIES} "
+                                  "checks; the next call that could go there measures it (until then the "
+                                  "link is priced with its prior and no call explores it)")
+                return
+        # idle by now, or a farther link (its probe waits on the network more than on the CPU): left
+        # unmeasured longer, a link is never explored (a client held to one core, always busy,
+        # stopped offloading the chain of calls that pays there)
+        self._measure_bandwidth()
+
+    def _measure_bandwidth(self) -> None:
+        chan = None
+        try:
+            chan = transport.Channel(self.url, self.curve)  # its own socket, closed at the end
+            up, down, why, moved = linkprobe.bandwidth(chan, self.next_id, self.rtt_s or 0.0, self._probe_alive,
+                                                       min(self.config.timeout, 30.0))
+            if why is not None:
+                self.ledger.event(f"link bandwidth to {self.url} not measured ({why}); priced with the prior")
+                up = down = plan.LinkModel().up_bps
+            self.bandwidth = (up, down)
+            self.info["link"] = {"rtt_s": self.rtt_s, **self._bandwidth_info()}
+            self.planner.link_measured(self.index, up, down)
+            self.ledger.event(f"link to {self.url}: {up / 1e6:.0f} MB/s up, {down / 1e6:.0f} MB/s down "
+                              f"(the probe moved {moved / 1e6:.1f} MB, not counted with the calls)")
+            if self.planner.policy == "auto":
+                self.ledger.event(f"floors: {self.planner.describe_floors()}")
+        except transport.TransportError as exc:
+            self.ledger.event(f"link bandwidth to {self.url} not measured: {exc}")
+        finally:
+            if chan is not None:
+                chan.close()
+            with self._lock:
+                self._bw_probing = False
+
+    def shares_cpus(self) -> bool:
+        """Whether the worker computes on this machine's CPUs (a CPU device, the same boot id; a worker
+        that does not say: a same-host URL): a call abandoned there keeps competing with this process."""
+        if not str(self.info.get("device") or "cpu").startswith("cpu"):
+            return False
+        boot = self.info.get("boot")
+        if isinstance(boot, str) and boot:
+            return boot == shmlane.boot_id()
+        return self.embedded or transport.is_loopback(self.url or "")
+
+    def offers(self, kernel_id: str) -> bool:
+        """Whether this worker has the kernel (its ``ready`` reply lists them; before it: assumed)."""
+        kernels = self.info.get("kernels")
+        return not isinstance(kernels, list) or kernel_id in kernels
+
+    def plan_state(self, missing: int | None, reused: int = 0) -> plan.WorkerState:
+        """What the planner sees of this worker for one call; ``missing``: the input bytes it is priced
+        for (None: all of them), ``reused``: bytes among them priced over their reuse (_Wired.to_send)."""
+        state = self.state
+        if state == "ready" and self.inflight > 0:
+            state = "busy"
+        return plan.WorkerState(state, self.inflight, self.backlog_s, missing, self.url or "", self.contended,
+                                reused)
+
+    def _ready(self, text: str) -> None:
+        with self._lock:
+            if self.stopped:
+                return
+            self._failed_probes = 0
+            self.state = "ready"
+            self.ready.set()
+        self.ledger.event(text)
+
+    def _reprobe_later(self) -> None:
+        """A worker that is still there (external, or embedded and alive) is asked again, backing off;
+        an embedded one that died is _maybe_restart's business."""
+        with self._lock:
+            if self.stopped or self._probing or self.state == "ready" or os.getpid() != self.owner:
+                return
+            if self.embedded and not self.alive():
+                return
+        delay = min(0.1 * 2 ** min(self._failed_probes - 1, 8), REPROBE_MAX_S)
+        timer = threading.Timer(delay, self._probe)
+        timer.daemon = True
+        timer.start()
+
+    def _ping(self, chan: transport.Channel) -> float:
+        """One round trip, less the worker's health check (real device work)."""
+        rid = next(self._ids)
+        t = time.perf_counter()
+        header, _ = chan.request(rid, wire.encode({"t": "hello", "id": rid}), time.monotonic() + 5, self.watch)
+        took = time.perf_counter() - t
+        health = header.get("health_s")
+        return max(took - health, took / 10) if isinstance(health, float) else took
+
+    def _probe_alive(self) -> bool:
+        """A probe also ends when the link is stopped: its thread must not hold a socket for up to
+        ready_timeout after uninstall."""
+        return not self.stopped and self.alive()
+
+    @property
+    def watch(self) -> "Any":
+        """What a request on this link watches besides its socket: the embedded worker's process
+        (its exit ends the wait as WorkerDied), or nothing for a worker this process did not start."""
+        return self.alive if self.proc is not None else None
+
+    def alive(self) -> bool:
+        if self.proc is None:
+            return True
+        if os.getpid() == self.owner:
+            return self.proc.poll() is None
+        try:  # a forked child cannot wait() for its parent's worker; ask the kernel instead
+            os.kill(self.proc.pid, 0)
+            return True
+        except OSError:
+            return False
+
+    def fault(self, exc: Exception) -> None:
+        """A call failed: stop sending until the worker proves itself again."""
+        self.ready.clear()
+        self.state = "down"
+        self.planner.worker_down(self.index)
+        self.ledger.event(f"worker fault: {type(exc).__name__}: {exc}")
+        self._drop_channel()  # its socket may still hold a late reply or a dead connection: start afresh
+        if not self.alive():
+            self._maybe_restart()
+        else:
+            self._probe()
+
+    def _maybe_restart(self) -> None:
+        with self._lock:
+            if self.stopped or not self.embedded or self.alive() or os.getpid() != self.owner:
+                return
+            if self.restarts >= MAX_RESTARTS:
+                self.ledger.event(f"embedded worker exited (code {self.proc.returncode}); "
+                                  f"{MAX_RESTARTS} restarts used, the rest of the run stays local")
+                return
+            self.restarts += 1
+            self.ledger.event(f"embedded worker exited (code {self.proc.returncode}); restart {self.restarts}")
+            self._drop_channel()
+            self._spawn()  # a new URL: every thread's channel() notices and reconnects
+            self._probing = False
+            self._probe()
+
+    def wait_ready(self, timeout: float, while_starting: bool = False) -> bool:
+        """Wait for readiness up to ``timeout``; False at once when there is no hope (stopped, or an
+        embedded worker dead with no restart left), or with ``while_starting`` once the worker is
+        no longer a cold one starting up (its first probe failed: calls do not wait on retries)."""
+        deadline = time.monotonic() + timeout
+        while not self.ready.is_set():
+            if self.stopped or (self.embedded and self.restarts >= MAX_RESTARTS and not self.alive()):
+                return False
+            if while_starting and self.state != "starting":
+                return False
+            if not self.ready.wait(min(0.05, max(deadline - time.monotonic(), 0))) and time.monotonic() >= deadline:
+                return False
+        return True
+
+    # -- channels -------------------------------------------------------------------------------
+    def channel(self) -> transport.Channel:
+        chan = getattr(self._local, "chan", None)
+        if chan is None or chan.pid != os.getpid() or chan.url != self.url:
+            # a forked child lands here too: it never touches its parent's socket
+            chan = transport.Channel(self.url, self.curve)
+            self._local.chan = chan
+        return chan
+
+    def _drop_channel(self) -> None:
+        chan = getattr(self._local, "chan", None)
+        if chan is not None and chan.pid == os.getpid():
+            chan.close()
+        self._local.chan = None
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopped = True
+        self.state = "stopped"
+        self.ready.clear()
+        self._close_shm()
+        self._drop_channel()  # this thread's; other threads' channels go with their threads
+        if self.proc is not None and os.getpid() == self.owner and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                os.kill(self.proc.pid, signal.SIGCONT)  # a stopped worker would hold SIGTERM pending
+            except OSError:
+                pass
+            try:
+                self.proc.wait(3)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.tmpdir and os.getpid() == self.owner:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def _close_shm(self) -> None:
+        """Unlink this client's segment names; a worker that outlives it is told to unmap
+        them (an embedded one is about to exit; the others would only notice this process gone)."""
+        names = self.lane.close()
+        if names and not self.embedded and os.getpid() == self.owner:
+            try:
+                rid = next(self._ids)
+                self.channel().request(rid, wire.encode({"t": "stats", "id": rid, "shm_drop": names}),
+                                       time.monotonic() + 0.5, self.watch)
+            except transport.TransportError:
+                pass  # it unmaps them when it sees this process gone
+
+
+def _load_curve(config: Config) -> tuple[bytes, bytes, bytes] | None:
+    """(server public, client public, client secret) from the Config's key files, or None."""
+    if not config.server_key:
+        return None
+    from ..auth import load_pair, load_public
+
+    public, secret = load_pair(config.client_keys)
+    return load_public(config.server_key), public, secret
+
+
+_links: "weakref.WeakSet[WorkerLink]" = weakref.WeakSet()
+
+
+def _links_after_fork() -> None:
+    for link in list(_links):
+        link._lock = threading.RLock()  # a parent thread may have held it at the fork
+        link._probing = False  # the parent's probe thread does not exist here
+
+
+os.register_at_fork(after_in_child=_links_after_fork)

@@ -1,0 +1,158 @@
+"""One call sent to a worker: the ``call`` message, the exchange (shared memory on a same-host
+link), the one resend after a stale mirror, and the reply read back into what NumPy returns.
+Every fault raises a :class:`transport.TransportError` (the caller computes the call here)."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from .. import transport
+from ..catalog import Prepared
+from ..ledger import Record
+from ..protocol import wire
+from ..transport import shm as shmlane
+from .link import WorkerLink
+from .residency import Mirror, Wired
+
+WORKER_PHASES = ("h2d", "kernel", "d2h", "fingerprint")  # what a reply's ``timing`` may report
+_results: dict[str, type] = {}  # numpy.linalg's result types by name, looked up once
+
+
+class WorkerFault(transport.TransportError):
+    """The worker answered with an error instead of a result."""
+
+
+def call_header(rid: int, prep: Prepared) -> dict:
+    """The header of the ``call`` message for a prepared call (wire.py's docstring has the format)."""
+    # a result asked for in a permuted axis order travels transposed to it (see assemble)
+    results = [{"dtype": dt.str, "shape": [shape[i] for i in lay] if isinstance(lay, list) else list(shape)}
+               for (dt, shape), lay in zip(prep.results, prep.layouts)]
+    return {"t": "call", "id": rid, "op": prep.spec.kernel_id, "params": prep.params, "layouts": prep.layouts,
+            "results": results}
+
+
+def call_message(rid: int, prep: Prepared) -> list:
+    """The ``call`` message for a prepared call, every input by value."""
+    return wire.encode(call_header(rid, prep), prep.arrays)
+
+
+def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
+         deadline_s: float) -> tuple[Any, float, float | None]:
+    """Send the call on ``link`` and wait up to ``deadline_s`` for its reply: (NumPy's return value,
+    seconds from encoding to decoding, the worker's kernel seconds). The record gets the bytes, the
+    phases and the residency counts."""
+    chan = link.channel()
+    t0 = time.perf_counter()
+    header = call_header(link.next_id(), prep)
+    if wired is None:
+        items, fps, refs = [wire.to_wire(a) for a in prep.arrays], None, ()
+    else:
+        wired.refs = wired.refs_in(link.mirror)
+        header["keep"] = True
+        items, fps, refs = wired.items, wired.fps, wired.refs
+    reply, arrays, t1 = _exchange(link, chan, header, items, fps, refs, prep, rec, deadline_s)
+    if reply["t"] == "error" and reply.get("kind") == "missing" and wired is not None and wired.refs:
+        # the mirror was stale (an eviction it did not hear of, another client): resend by value, once
+        link.mirror.discard(reply.get("missing") or ())
+        rec.resends += len(wired.refs)
+        header["id"] = link.next_id()
+        before = chan.last_bytes_sent, chan.last_bytes_received
+        reply, arrays, _ = _exchange(link, chan, header, items, fps, (), prep, rec, deadline_s)
+        chan.last_bytes_sent += before[0]  # both round trips were on the socket
+        chan.last_bytes_received += before[1]
+        wired.refs = []
+    t2 = time.perf_counter()
+    rec.bytes_sent, rec.bytes_received = chan.last_bytes_sent, chan.last_bytes_received
+    if reply["t"] == "error":
+        raise WorkerFault(f"worker raised {reply.get('exc')} ({reply.get('kind')}): {reply.get('msg')}"[:300])
+    if reply["t"] != "result":
+        raise transport.BadReply(f"a call answered with {reply['t']!r}")
+    value = assemble(prep, arrays)
+    if wired is not None:
+        _held(link.mirror, wired, reply, arrays, rec)
+    t3 = time.perf_counter()
+    kernel_s = _phases(reply, rec, chan, link, prep, t0, t1, t2, t3)
+    return value, t3 - t0, kernel_s
+
+
+def _held(mirror: Mirror, wired: Wired, reply: dict, arrays: list, rec: Record) -> None:
+    """What the reply says the worker now holds: the mirror follows, the record counts it."""
+    rec.resident_hits = len(wired.refs)
+    rec.bytes_saved = sum(wired.sizes[i] for i in wired.refs)
+    evicted = reply.get("evicted") or ()
+    rec.evictions = len(evicted)
+    mirror.discard(evicted)
+    kept = set(reply.get("kept") or ())  # the worker says which inputs it kept
+    for i, fp in enumerate(wired.fps):
+        if fp in kept:
+            mirror.add(fp, wired.sizes[i])
+    for meta, arr in zip(reply.get("arrays", ()), arrays):
+        if isinstance(meta, dict) and meta.get("fp"):
+            mirror.add(meta["fp"], arr.nbytes)
+
+
+def _phases(reply: dict, rec: Record, chan: transport.Channel, link: WorkerLink, prep: Prepared,
+            t0: float, t1: float, t2: float, t3: float) -> float | None:
+    """The call's phases, the worker's own from its reply's ``timing``; returns its kernel seconds."""
+    timing = reply.get("timing") if isinstance(reply.get("timing"), dict) else {}
+    worker_s = {k: float(v) for k, v in timing.items() if k in WORKER_PHASES and isinstance(v, (int, float))}
+    worker_fp = worker_s.pop("fingerprint", 0.0)
+    rec.phases.update(worker_s)
+    if timing.get("oom_retry"):
+        link.ledger.event(f"worker ran out of memory on {prep.spec.kernel_id}; it freed its caches and the retry "
+                          "succeeded")
+    if worker_fp:
+        rec.phases["fingerprint"] = rec.phases.get("fingerprint", 0.0) + worker_fp
+    # the worker may start before send() returns (zero-copy sends overlap), so send and transfer
+    # share what the round trip leaves after the worker's own time: phases never exceed the wall
+    on_link = max(t2 - t1 - sum(worker_s.values()) - worker_fp, 0.0)
+    sent = min(chan.last_send_s, on_link)
+    rec.phases.update(encode=t1 - t0, send=sent, transfer=on_link - sent, decode=t3 - t2)
+    return worker_s.get("kernel")
+
+
+def _exchange(link: WorkerLink, chan: transport.Channel, header: dict, items: list, fps: Any,
+              refs: Any, prep: Prepared, rec: Record, deadline_s: float) -> tuple[dict, list, float]:
+    """One request and its reply; returns (reply, arrays, when encoding ended). On a same-host
+    link the buffers go through shared memory (:func:`transport.shm.exchange`)."""
+    ex = shmlane.exchange(chan, link.shm(), header, items, fps, refs, prep.results,
+                          time.monotonic() + deadline_s, link.watch, link.ledger.event)
+    rec.shm_sent += ex.sent
+    rec.shm_received += ex.received
+    return ex.reply, ex.arrays, ex.encoded
+
+
+def assemble(prep: Prepared, arrays: list) -> Any:
+    """NumPy's return value from the worker's arrays, after checking each is what NumPy returns."""
+    if len(arrays) != len(prep.results):
+        raise transport.BadReply(f"{len(arrays)} results, expected {len(prep.results)}")
+    for arr, (dtype, shape), layout in zip(arrays, prep.results, prep.layouts):
+        if isinstance(layout, list):  # travels transposed to that axis order (worker.kernels)
+            shape = tuple(shape[i] for i in layout)
+        if arr.dtype != dtype or arr.shape != shape:
+            raise transport.BadReply(f"result {arr.dtype}{list(arr.shape)}, expected {dtype}{list(shape)}")
+    # a small frame can land unaligned; the copy keeps its memory order (an F result stays F)
+    arrays = [a if a.flags.aligned else a.copy(order="K") for a in arrays]
+    arrays = [a.transpose(np.argsort(lay)) if isinstance(lay, list) else a
+              for a, lay in zip(arrays, prep.layouts)]
+    if prep.finish is not None:  # the row's own assembly: NumPy's cheap epilogue, here
+        return prep.finish(arrays)
+    if prep.returns != "array":
+        return _result_type(prep.returns)(*arrays)
+    result = arrays[0]
+    if prep.out is not None:
+        np.copyto(prep.out, result)
+        return prep.out[()] if prep.scalar_out and prep.out.ndim == 0 else prep.out
+    if prep.scalar_0d and result.ndim == 0:
+        return result[()]
+    return result
+
+
+def _result_type(name: str) -> type:
+    cls = _results.get(name)
+    if cls is None:
+        from numpy.linalg import _linalg
+        cls = _results[name] = getattr(_linalg, name)
+    return cls

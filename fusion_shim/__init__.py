@@ -13,25 +13,46 @@ Programs: ``python -m fusion_shim app.py [args]``, ``python -m fusion_shim -m pk
 """
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
-from . import intercept as _intercept
-from . import report as _report  # light (no numpy); imported first so the function below wins:
-# importing a submodule binds it on its package, which would shadow ``report()`` after its first call
 from .config import Config, ConfigError
 from .errors import FallbackError
-from .intercept import active, install, uninstall
 
 __version__ = "0.1.0"
 __all__ = ["Config", "ConfigError", "FallbackError", "active", "install", "report", "uninstall", "__version__"]
 
+_LAZY = ("active", "install", "uninstall")  # from .intercept, loaded on first use: a worker never needs it
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from . import intercept
+
+        return getattr(intercept, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def report() -> dict[str, Any] | None:
     """The report of the running shim so far (the same map ``--report`` writes), or None."""
-    rt = active()
-    if rt is None:
-        return None
-    return _report.build(rt)
+    from . import intercept
+    from .report import build
+
+    rt = intercept.active()
+    return None if rt is None else build(rt)
+
+
+class _Package(types.ModuleType):
+    """``fusion_shim.report`` is the function above: importing the ``report`` subpackage (which
+    binds a submodule on its package) must not replace it."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not (name == "report" and isinstance(value, types.ModuleType)):
+            super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -39,10 +60,3 @@ def load_ipython_extension(ipython: Any) -> None:
     from .ipython import load_ipython_extension as load
 
     load(ipython)
-
-
-def _report_at_exit(rt: Any) -> None:
-    _report.at_exit(rt)
-
-
-_intercept.on_exit(_report_at_exit)

@@ -58,11 +58,10 @@ def test_no_worker_side_source_names_the_client_side():
 
 
 def test_importing_the_worker_side_loads_nothing_of_the_client_side():
-    """What the worker's modules load beyond the package itself (whose ``__init__`` is the library's
-    entry, ``install()``), a self-benchmark of the decompositions included (it reads the catalog)."""
+    """What the worker's modules load, the package's ``__init__`` and a self-benchmark of the
+    decompositions included (it reads the catalog)."""
     code = (
         "import importlib, json, sys\n"
-        "import fusion_shim\n"
         "base = set(sys.modules)\n"
         f"for m in {WORKER_MODULES!r}: importlib.import_module(m)\n"
         "from fusion_shim.worker import bench\n"
@@ -92,3 +91,18 @@ def test_the_worker_takes_no_test_parameter():
     for fn in (Worker, serve_in_thread):
         names = set(inspect.signature(fn).parameters)
         assert not {n for n in names if "test" in n or n in ("delay", "corrupt")}, names
+
+
+def test_the_planner_imports_neither_zmq_nor_torch():
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {name}" for p in sorted((PKG / "plan").rglob("*.py"))
+           for line, name in _imports(p) if name.split(".")[0] in ("zmq", "torch")]
+    assert bad == []
+
+
+def test_the_client_side_never_imports_the_interceptor():
+    """The installation drives the runtime, never the other way round (no import cycle)."""
+    sources = [*sorted((PKG / "client").rglob("*.py")), *sorted((PKG / "plan").rglob("*.py")),
+               *sorted((PKG / "report").rglob("*.py")), PKG / "ledger.py"]
+    bad = [f"{p.relative_to(ROOT)}:{line} imports {name}" for p in sources for line, name in _imports(p)
+           if name == "fusion_shim.intercept" or name.startswith("fusion_shim.intercept.")]
+    assert bad == []

@@ -145,6 +145,15 @@ def on_exit(hook: Callable[["Runtime"], None]) -> None:
     _exit_hooks.append(hook)
 
 
+def _report_at_exit(rt: "Runtime") -> None:
+    from ..report import at_exit
+
+    at_exit(rt)
+
+
+_exit_hooks.append(_report_at_exit)
+
+
 @atexit.register
 def _at_exit() -> None:
     rt = active()

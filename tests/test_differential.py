@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 
 import fusion_shim
-from conftest import last_record
-from diffutil import assert_close, assert_meta, check_result, lay_out, op, original, values
+from tests.helpers.shims import last_record
+from tests.helpers.diffutil import assert_close, assert_meta, check_result, lay_out, op, original, values
 from fusion_shim.catalog import CATALOG
 from fusion_shim.intercept import bypassed
 

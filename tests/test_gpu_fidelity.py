@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import fusion_shim
-from conftest import last_record
+from tests.helpers.shims import last_record
 
 torch = pytest.importorskip("torch")
 CUDA = torch.cuda.is_available()

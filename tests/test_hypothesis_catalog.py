@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import fusion_shim
-from conftest import last_record
-from diffutil import assert_meta, check_result, lay_out, op, original, outcome
+from tests.helpers.shims import last_record
+from tests.helpers.diffutil import assert_meta, check_result, lay_out, op, original, outcome
 from fusion_shim.catalog import CATALOG
 from fusion_shim.intercept import bypassed
 

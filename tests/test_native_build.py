@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 
 import fusion_shim
-from conftest import ENV_AT_START
+from tests.helpers.environment import NATIVE_OFF
 
 ROOT = Path(__file__).resolve().parent.parent
-NATIVE_OFF = ENV_AT_START.get("FUSION_SHIM_NATIVE", "").strip().lower() in ("0", "false", "no", "off")
 needs_native = pytest.mark.skipif(NATIVE_OFF, reason="FUSION_SHIM_NATIVE=0 was set for this run")
 
 

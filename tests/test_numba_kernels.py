@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import fusion_shim
-from conftest import last_record
+from tests.helpers.shims import last_record
 
 pytest.importorskip("numba")
 

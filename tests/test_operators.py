@@ -17,11 +17,10 @@ import pytest
 import wrapt
 
 import fusion_shim
-from conftest import ENV_AT_START
+from tests.helpers.environment import NATIVE_OFF
 from fusion_shim.intercept import bypassed
 from fusion_shim.plan.policy import NEVER
 
-NATIVE_OFF = ENV_AT_START.get("FUSION_SHIM_NATIVE", "").strip().lower() in ("0", "false", "no", "off")
 needs_native = pytest.mark.skipif(NATIVE_OFF, reason="FUSION_SHIM_NATIVE=0 was set for this run: no extension")
 pytestmark = [needs_native, pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")]
 MATMUL, IMATMUL, DOT = "numpy.ndarray.__matmul__", "numpy.ndarray.__imatmul__", "numpy.ndarray.dot"

@@ -1,7 +1,7 @@
 """Issue 8: faults survived with nothing lost, and a client that behaves inside a real program.
 
 - Fault injection: a worker SIGKILLed, SIGSTOPped or dropping replies at random points of every call
-  phase (tests/_faultlab.py: the real server loop with NumPy kernels, SIMULATED device), >= 200
+  phase (tests/helpers/faultlab.py: the real server loop with NumPy kernels, SIMULATED device), >= 200
   injections: every answer right, no exception reaching the program, no call past its deadline.
 - Heartbeats: a stopped external worker is noticed in about a second, not at the call's deadline.
 - Per-call deadlines follow the prediction; an op in flight at three worker deaths runs locally.
@@ -29,8 +29,7 @@ import fusion_shim
 from fusion_shim import runtime, transport
 from fusion_shim.intercept import bypassed
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _faultlab  # noqa: E402
+from tests.helpers import faultlab as _faultlab
 
 PY = sys.executable
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import fusion_shim
-from conftest import last_record
+from tests.helpers.shims import last_record
 from fusion_shim.protocol import wire
 from fusion_shim.config import Config, ConfigError
 from fusion_shim.transport import Channel, shm

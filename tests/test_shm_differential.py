@@ -10,7 +10,7 @@ import pytest
 import fusion_shim
 from fusion_shim.transport import shm
 
-import test_differential as diff  # its table, builders and checks
+from tests import test_differential as diff  # its table, builders and checks
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="no /dev/shm on this machine")
 

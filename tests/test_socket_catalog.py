@@ -15,7 +15,7 @@ import tempfile
 import pytest
 
 import fusion_shim
-from test_hypothesis_catalog import RECORDS, STRATEGIES, run_row
+from tests.test_hypothesis_catalog import RECORDS, STRATEGIES, run_row
 
 EXAMPLES = 6  # per row: 73 rows -> 438 calls over the socket
 

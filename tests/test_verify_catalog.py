@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import fusion_shim
-from test_hypothesis_catalog import RECORDS, STRATEGIES, run_row
+from tests.test_hypothesis_catalog import RECORDS, STRATEGIES, run_row
 
 EXAMPLES = 8
 

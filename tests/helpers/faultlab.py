@@ -47,7 +47,7 @@ ACTIONS = {"on_receive": ("kill", "stop", "drop"), "in_kernel": ("kill", "stop",
            "before_reply": ("kill", "stop", "drop"), "mid_reply": ("kill", "stop"),
            "after_reply": ("kill", "stop")}
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 
 
 # -- the worker -------------------------------------------------------------------------------------
@@ -453,6 +453,5 @@ def _main(argv: list[str]) -> None:
     zygote_main(opts.bind, opts.rate, opts.log, opts.delay, opts.crash_op)
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, REPO)
+if __name__ == "__main__":  # the zygote; PYTHONPATH names the repository
     _main(sys.argv[1:])

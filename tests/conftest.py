@@ -1,14 +1,19 @@
 """Shared fixtures. ``shim`` runs the shim against an in-process worker (``inproc://``: a worker
-thread in this process, no socket), forced remote, so every supported call goes to the worker."""
+thread in this process, no socket), forced remote, so every supported call goes to the worker.
+Files that want it installed once per module, or with other options, make their own ``shim``
+with :func:`tests.helpers.shims.shim_fixture`."""
 from __future__ import annotations
 
-import os
+import shutil
 import sys
+import tempfile
 
 import pytest
 
 from tests.helpers import environment  # first: it clears the shim's settings before anything reads them
 import fusion_shim
+from tests.helpers.shims import shim_fixture
+from tests.helpers.workers import thread_worker
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -17,22 +22,29 @@ def pytest_sessionfinish(session, exitstatus):
 
 @pytest.fixture(scope="session")
 def inproc_worker():
-    from fusion_shim.worker import serve_in_thread
+    with thread_worker("tests") as (url, _):
+        yield url
 
-    url = f"inproc://fusion-shim-tests-{os.getpid()}"
-    thread, stop = serve_in_thread(url, device="cpu")
-    yield url
-    stop.set()
-    thread.join(5)
+
+shim = shim_fixture()
 
 
 @pytest.fixture
-def shim(inproc_worker):
-    """The shim installed with policy remote against the in-process worker, ready."""
-    rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True, timeout=30.0)
-    assert rt.link.wait_ready(60), f"in-process worker never became ready: {rt.ledger.events}"
-    yield rt
+def no_shim_after():
+    """No shim installed when the test starts, none left when it ends (files that install their own
+    use it for every test: ``pytestmark = pytest.mark.usefixtures("no_shim_after")``)."""
     fusion_shim.uninstall()
+    yield
+    fusion_shim.uninstall()
+
+
+@pytest.fixture
+def sock_dir():
+    """A short directory for ipc:// sockets (a unix socket path is limited to ~100 bytes), removed
+    after the test."""
+    path = tempfile.mkdtemp(prefix="fs-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

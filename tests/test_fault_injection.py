@@ -11,28 +11,14 @@ figures in benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 
 import pytest
 
-import fusion_shim
 
 from tests.helpers import faultlab as _faultlab
 
 
-@pytest.fixture
-def sock_dir():
-    path = tempfile.mkdtemp(prefix="fs-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture(autouse=True)
-def no_shim_after():
-    fusion_shim.uninstall()
-    yield
-    fusion_shim.uninstall()
+pytestmark = pytest.mark.usefixtures("no_shim_after")  # conftest: no shim before or after each test
 
 
 def test_fault_injection_200_injections_all_correct(sock_dir):

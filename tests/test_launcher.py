@@ -384,14 +384,7 @@ def _snapshot() -> dict[str, dict]:
     return {name: dict(vars(importlib.import_module(name))) for name in PATCH_POINTS}
 
 
-@pytest.fixture
-def no_shim():
-    fusion_shim.uninstall()
-    yield
-    fusion_shim.uninstall()
-
-
-def test_install_uninstall_restore_exactly(no_shim):
+def test_install_uninstall_restore_exactly(no_shim_after):
     paths = ["matmul", "dot", "einsum", "tensordot", "linalg.solve", "linalg.inv", "linalg.svd",
              "linalg.qr", "fft.fft", "fft.ifft2", "fft.rfft"]
     lookup = lambda path: getattr(np.fft if path.startswith("fft.") else np.linalg if path.startswith("linalg.")
@@ -437,7 +430,7 @@ def test_install_uninstall_restore_exactly(no_shim):
     assert np.matmul is named["matmul"]
 
 
-def test_a_kept_wrapper_passes_through_after_uninstall(no_shim):
+def test_a_kept_wrapper_passes_through_after_uninstall(no_shim_after):
     fusion_shim.install(policy="local", quiet=True)
     kept = np.linalg.solve
     fusion_shim.uninstall()
@@ -446,7 +439,7 @@ def test_a_kept_wrapper_passes_through_after_uninstall(no_shim):
     assert fusion_shim.report() is None
 
 
-def test_report_callable_repeatedly(no_shim):
+def test_report_callable_repeatedly(no_shim_after):
     """``fusion_shim.report`` stays the function after the report module has been imported."""
     fusion_shim.install(policy="local", quiet=True)
     first, second = fusion_shim.report(), fusion_shim.report()

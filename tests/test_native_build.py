@@ -40,7 +40,6 @@ def test_extension_was_built_and_loaded():
         fusion_shim.uninstall()
 
 
-
 def _run(code: str, tmp_path) -> subprocess.CompletedProcess:
     prog = tmp_path / "prog.py"
     prog.write_text(textwrap.dedent(code))

@@ -15,6 +15,9 @@ from fusion_shim.config import Config, ConfigError
 from fusion_shim.plan import NEVER, Planner, calibrate
 from fusion_shim.residency import Mirror
 
+from tests.helpers.shims import READY_S
+from tests.helpers.workers import thread_worker
+
 RNG = np.random.default_rng(5)
 
 
@@ -197,16 +200,11 @@ def test_no_probe_while_a_same_host_worker_computes_a_call_of_ours(tmp_path, mon
 
 @pytest.fixture(scope="module")
 def two_workers(inproc_worker):
-    from fusion_shim.worker import serve_in_thread
-
-    url = f"inproc://fusion-shim-tests-second-{os.getpid()}"
-    thread, stop = serve_in_thread(url, device="cpu")
-    yield inproc_worker, url
-    stop.set()
-    thread.join(5)
+    with thread_worker("tests-second") as (url, _):
+        yield inproc_worker, url
 
 
-def _ready(rt, timeout=60):
+def _ready(rt, timeout=READY_S):
     deadline = time.monotonic() + timeout
     for link in rt.links:
         assert link.wait_ready(max(deadline - time.monotonic(), 0.1)), rt.ledger.events
@@ -654,7 +652,7 @@ def test_without_a_gpu_the_embedded_worker_waits_for_a_long_enough_run(monkeypat
         rep = fusion_shim.report()
         assert rep["ops"]["numpy.linalg.svd"]["below_floor"] == 1
         assert any("no GPU on this host" in e["what"] for e in rep["events"])
-        assert rt.link.wait_ready(60)  # started by the timer, warmed, connected
+        assert rt.link.wait_ready(READY_S)  # started by the timer, warmed, connected
         assert rt.link.proc is not None and rt.floor_cell("numpy.linalg.svd")[0] < NEVER
         assert any("starting the embedded worker" in e["what"] for e in fusion_shim.report()["events"])
     finally:
@@ -778,7 +776,6 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
         fusion_shim.uninstall()
         stop.set()
         thread.join(5)
-
 
 
 def test_a_background_link_probe_waits_a_little_for_the_program_to_be_idle(inproc_worker, monkeypatch):

@@ -19,6 +19,8 @@ from fusion_shim.report.trace import build_trace
 from fusion_shim.report.whatif import LinkProfile, reprice
 from fusion_shim.runtime import VerificationError
 
+from tests.helpers.shims import READY_S
+
 RNG = np.random.default_rng(7)
 
 
@@ -107,7 +109,7 @@ def corrupt_worker():
 @pytest.fixture
 def corrupt_shim(corrupt_worker):
     rt = fusion_shim.install(policy="remote", worker=corrupt_worker, quiet=True, verify=1.0)
-    assert rt.link.wait_ready(60)
+    assert rt.link.wait_ready(READY_S)
     yield rt
     fusion_shim.uninstall()
 
@@ -151,7 +153,7 @@ def _assert_same(x, y):
 def test_mismatch_in_strict_mode_raises(corrupt_worker):
     rt = fusion_shim.install(policy="remote", worker=corrupt_worker, quiet=True, verify=1.0, strict=True)
     try:
-        assert rt.link.wait_ready(60)
+        assert rt.link.wait_ready(READY_S)
         a = np.ones((40, 40))
         with pytest.raises(VerificationError, match="differed"):
             np.matmul(a, a)

@@ -27,6 +27,8 @@ import fusion_shim
 from fusion_shim import auth, config, transport
 from fusion_shim.protocol import wire
 
+from tests.helpers.shims import READY_S
+
 PY = sys.executable
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,11 +42,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(autouse=True)
-def no_shim_after():
-    fusion_shim.uninstall()
-    yield
-    fusion_shim.uninstall()
+pytestmark = pytest.mark.usefixtures("no_shim_after")  # conftest: no shim before or after each test
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +227,7 @@ def test_shim_over_curve(keys, curve_worker):
     want = a @ a
     rt = fusion_shim.install(policy="remote", worker=curve_worker.url, quiet=True, timeout=30.0, ready_timeout=60.0,
                              server_key=str(d / "server.key"), client_keys=str(d / "alice.key_secret"))
-    assert rt.link.wait_ready(60), rt.ledger.events
+    assert rt.link.wait_ready(READY_S), rt.ledger.events
     np.testing.assert_allclose(np.matmul(a, a), want)
     assert rt.ledger.records[-1].kind == "worker"
     fusion_shim.uninstall()

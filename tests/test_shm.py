@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 
 import fusion_shim
-from tests.helpers.shims import last_record
 from fusion_shim.protocol import wire
 from fusion_shim.config import Config, ConfigError
 from fusion_shim.transport import Channel, shm
+
+from tests.helpers.shims import READY_S, last_record
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="no /dev/shm on this machine")
 
@@ -43,7 +44,7 @@ def every_buffer_on_shm(monkeypatch):
 def test_result_is_a_writable_view_on_a_segment_that_is_reused(inproc_worker):
     rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True)
     try:
-        assert rt.link.wait_ready(30)
+        assert rt.link.wait_ready(READY_S)
         pool = rt.link.shm()
         a, b = np.random.default_rng(0).standard_normal((2, 256, 256))
         c = np.matmul(a, b)
@@ -71,7 +72,7 @@ def test_result_is_a_writable_view_on_a_segment_that_is_reused(inproc_worker):
 def test_shm_off_by_config(inproc_worker):
     rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True, shm="0")
     try:
-        assert rt.link.wait_ready(30)
+        assert rt.link.wait_ready(READY_S)
         a = np.ones((256, 256))
         np.matmul(a, a)
         rec = last_record(rt)
@@ -170,7 +171,7 @@ def _wait(cond, seconds=10.0):
 CLIENT = textwrap.dedent("""
     import sys, numpy as np, fusion_shim
     rt = fusion_shim.install(policy="remote", worker=sys.argv[1], quiet=True, timeout=60)
-    assert rt.link.wait_ready(60)
+    assert rt.link.wait_ready(600)
     a = np.ones((512, 512))
     kept = np.matmul(a, a)          # a result the program holds, on a segment
     b = np.ones((600, 600))         # another size: new segments, their names still in /dev/shm
@@ -200,7 +201,7 @@ def test_sigkill_of_the_worker_leaves_no_segment(tmp_path):
     url, worker = _start_worker(tmp_path, "--test-delay", "0.5")
     rt = fusion_shim.install(policy="remote", worker=url, quiet=True, timeout=2.0)
     try:
-        assert rt.link.wait_ready(60)
+        assert rt.link.wait_ready(READY_S)
         a = np.random.default_rng(1).standard_normal((256, 256))
         np.matmul(a, a)
         assert last_record(rt).kind == "worker" and last_record(rt).shm_sent > 0
@@ -226,7 +227,7 @@ def test_embedded_worker_sweeps_its_dead_client(tmp_path):
         import numpy as np, fusion_shim
         from fusion_shim.transport import shm
         rt = fusion_shim.install(policy="remote", quiet=True)
-        assert rt.link.wait_ready(60) and rt.link.shm() is not None
+        assert rt.link.wait_ready(600) and rt.link.shm() is not None
         np.matmul(np.ones((256, 256)), np.ones((256, 256)))
         seg = rt.link.shm().acquire("i", 1 << 20)   # created, never sent: its name is still there
         print(rt.link.proc.pid, flush=True)
@@ -273,7 +274,7 @@ def test_a_forked_child_does_not_write_into_the_parents_result(inproc_worker, mo
     fork: the child gets private copies at the same addresses (transport.shm._privatize_after_fork)."""
     rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True)
     try:
-        assert rt.link.wait_ready(30)
+        assert rt.link.wait_ready(READY_S)
         c = np.matmul(np.ones((256, 256)), np.ones((256, 256)))
         assert isinstance(c.base, shm._Lease)
 

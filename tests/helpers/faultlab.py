@@ -383,6 +383,8 @@ def fault_run(directory: str, n_calls: int, *, seed: int, rate: float, timeout: 
     import fusion_shim
     from fusion_shim import runtime
 
+    from .shims import READY_S
+
     runtime_reprobe = runtime.REPROBE_MAX_S
     runtime.REPROBE_MAX_S = 0.1  # TEST SETTING: a faulted worker is asked again within 0.1 s
     cases = make_cases(n_calls, seed)  # before the shim: the expected answers are NumPy's own
@@ -392,7 +394,7 @@ def fault_run(directory: str, n_calls: int, *, seed: int, rate: float, timeout: 
         # TEST SETTING: the random kills here are not the op's fault; CRASH_LIMIT is tested on its own
         rt.crash_limit = 10**9
         lab.armed = rt.link.ready.is_set
-        assert rt.link.wait_ready(30), events(rt)
+        assert rt.link.wait_ready(READY_S), events(rt)
         wrong, raised, times, done, slow = [], [], [], 0, []
         started = time.monotonic()
         i = 0

@@ -394,7 +394,7 @@ print(json.dumps(out))
 def test_forked_child_computes_with_its_own_connection(tmp_path):
     prog = tmp_path / "fork_app.py"
     prog.write_text(FORK_APP)
-    r = subprocess.run([PY, str(prog)], capture_output=True, text=True, timeout=120, env=clean_env())
+    r = subprocess.run([PY, str(prog)], capture_output=True, text=True, timeout=600, env=clean_env())
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.splitlines()[-1])
     assert out["parent_a"] and out["parent_kind"] == "worker", out

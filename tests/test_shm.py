@@ -159,7 +159,10 @@ def _worker_stats(url):
         chan.close()
 
 
-def _wait(cond, seconds=10.0):
+WAIT_S = 120.0  # for something that surely happens: a deadline only a broken run reaches
+
+
+def _wait(cond, seconds=WAIT_S):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if cond():
@@ -176,23 +179,28 @@ CLIENT = textwrap.dedent("""
     kept = np.matmul(a, a)          # a result the program holds, on a segment
     b = np.ones((600, 600))         # another size: new segments, their names still in /dev/shm
     print("calling", flush=True)
-    np.matmul(b, b)                 # the worker holds this one (--test-delay): killed meanwhile
+    while True:                     # the worker holds each one (--test-delay): killed during one,
+        np.matmul(b, b)             # however late the test, busy with others, looks
 """)
 
 
 def test_sigkill_of_the_client_leaves_no_segment(tmp_path):
     url, worker = _start_worker(tmp_path, "--test-delay", "1.5")
+    client = None
     try:
         client = subprocess.Popen([sys.executable, "-c", CLIENT, url], stdout=subprocess.PIPE, text=True)
         assert client.stdout.readline().strip() == "calling"
-        assert _wait(lambda: len(names_of(client.pid)) >= 3, 5), "the call's segments never appeared"
+        assert _wait(lambda: len(names_of(client.pid)) >= 3, WAIT_S), "the call's segments never appeared"
         client.send_signal(signal.SIGKILL)
         client.wait()
         assert names_of(client.pid), "nothing to clean: the test did not catch the window it is about"
-        assert _wait(lambda: not names_of(client.pid), 10), f"left behind: {names_of(client.pid)}"
+        assert _wait(lambda: not names_of(client.pid), WAIT_S), f"left behind: {names_of(client.pid)}"
         stats = _worker_stats(url)
         assert stats["shm_live"] == 0 and stats["shm_swept"] >= 3, stats  # its mappings are gone too
     finally:
+        if client is not None and client.poll() is None:
+            client.kill()
+            client.wait()
         worker.kill()
         worker.wait()
 
@@ -238,8 +246,8 @@ def test_embedded_worker_sweeps_its_dead_client(tmp_path):
     assert names_of(client.pid), "the test segment is missing"
     client.send_signal(signal.SIGKILL)
     client.wait()
-    assert _wait(lambda: not names_of(client.pid), 10), f"left behind: {names_of(client.pid)}"
-    assert _wait(lambda: shm.proc_start(worker_pid) is None, 10), "the embedded worker outlived its client"
+    assert _wait(lambda: not names_of(client.pid), WAIT_S), f"left behind: {names_of(client.pid)}"
+    assert _wait(lambda: shm.proc_start(worker_pid) is None, WAIT_S), "the embedded worker outlived its client"
 
 
 def test_a_new_client_sweeps_names_of_dead_owners():

@@ -141,7 +141,7 @@ def test_worker_never_started_launcher_report(tmp_path, sock_dir):
     out = tmp_path / "run.json"
     r = subprocess.run([PY, "-m", "fusion_shim", "--policy", "remote", "--worker", f"ipc://{sock_dir}/none.sock",
                         "--report", str(out), "--quiet", str(prog)], capture_output=True, text=True,
-                       timeout=60, env=clean_env(FUSION_SHIM_READY_TIMEOUT="1"))
+                       timeout=600, env=clean_env(FUSION_SHIM_READY_TIMEOUT="1"))
     assert r.returncode == 0, r.stderr
     a = np.arange(12.0).reshape(3, 4)
     assert r.stdout.splitlines() == [str((a @ a.T).tolist()), str([0.5, 0.5, 0.5])]
@@ -245,7 +245,7 @@ def test_embedded_worker_killed_during_call(tmp_path):
     report = tmp_path / "run.json"
     r = subprocess.run([PY, "-m", "fusion_shim", "--policy", "remote", "--device", "cpu", "--quiet",
                         "--report", str(report), str(prog)],
-                       capture_output=True, text=True, timeout=90, env=clean_env())
+                       capture_output=True, text=True, timeout=600, env=clean_env())
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.splitlines()[-1])
     assert out["r1"] and out["r2"] and out["r3"], out

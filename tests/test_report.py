@@ -193,7 +193,7 @@ def test_wrong_worker_through_the_launcher(tmp_path):
         plain = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True, check=True)
         out = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", "remote", "--worker", url,
                               "--verify", "all", "--report", str(tmp_path / "r.json"), str(prog)],
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stderr
         assert out.stdout == plain.stdout
         rep = json.loads((tmp_path / "r.json").read_text())
@@ -210,7 +210,7 @@ def test_trace_and_report_files_from_the_launcher(tmp_path):
     prog.write_text("import numpy as np\na = np.ones((200, 200))\nprint(np.matmul(a, a)[0, 0])\n")
     out = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", "remote", "--quiet",
                           "--report", str(tmp_path / "r.json"), "--trace", str(tmp_path / "t.json"), str(prog)],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     _check_trace(json.loads((tmp_path / "t.json").read_text()))
     shown = subprocess.run([sys.executable, "-m", "fusion_shim", "report", str(tmp_path / "r.json"),
@@ -241,7 +241,7 @@ def test_magic_in_a_real_ipython_kernel():
             out = []
             kc.execute(code)
             while True:
-                msg = kc.get_iopub_msg(timeout=120)
+                msg = kc.get_iopub_msg(timeout=600)
                 if msg["msg_type"] == "stream":
                     out.append(msg["content"]["text"])
                 if msg["msg_type"] == "error":

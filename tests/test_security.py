@@ -147,7 +147,7 @@ HELLO = [msgpack.packb({"v": 1, "t": "hello", "id": 3})]
 def test_keys_command_writes_private_key_files(tmp_path):
     d = tmp_path / "keys"
     r = subprocess.run([PY, "-m", "fusion_shim", "keys", str(d), "--client", "alice", "--client", "bob"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "--keys" in r.stdout and "FUSION_SHIM_CLIENT_KEYS=" in r.stdout
     files = sorted(p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file())
@@ -274,7 +274,7 @@ def test_launcher_flags_over_curve(keys, curve_worker, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
     r = subprocess.run([PY, "-m", "fusion_shim", "--policy", "remote", "--worker", curve_worker.url, "--quiet",
                         "--server-key", str(d / "server.key"), "--client-keys", str(d / "alice.key_secret"),
-                        "--report", str(report), str(app)], capture_output=True, text=True, timeout=120, env=env)
+                        "--report", str(report), str(app)], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr
     a = np.arange(64.0 * 64).reshape(64, 64) / 4096
     assert float(r.stdout) == pytest.approx(float((a @ a).sum()), rel=1e-12)
@@ -317,10 +317,10 @@ def test_network_bind_needs_keys_or_insecure(keys, tmp_path):
     (leaky / "server.key_secret").chmod(0o644)
     (leaky / "authorized").mkdir()
     r = subprocess.run([PY, "-m", "fusion_shim", "worker", "--bind", url, "--device", "cpu", "--keys", str(leaky)],
-                       capture_output=True, text=True, timeout=60, env={**os.environ, "FUSION_SHIM": "0"})
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "FUSION_SHIM": "0"})
     assert r.returncode == 2 and "readable by others" in r.stderr, r.stderr
     r = subprocess.run([PY, "-m", "fusion_shim", "worker", "--bind", url, "--keys", str(d), "--insecure"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 2 and "exclude each other" in r.stderr
 
 

@@ -413,7 +413,7 @@ def test_differential(shim, case: Case, dtype: str, layout: str):
 
 def test_every_catalog_row_has_differential_cases():
     """Every row has cases here or generated ones in tests/test_hypothesis_catalog.py (all rows)."""
-    from test_hypothesis_catalog import STRATEGIES
+    from tests.test_hypothesis_catalog import STRATEGIES
 
     covered = {case.op for case in CASES} | set(STRATEGIES)
     missing = sorted(spec.name for spec in CATALOG if spec.name not in covered)

@@ -16,6 +16,7 @@ import zmq
 from fusion_shim import auth, transport
 
 from tests.helpers import fuzz as _fuzz
+from tests.helpers.shims import READY_S
 
 PY = sys.executable
 BUDGET = 256 << 20  # the worker's --max-bytes: fuzzed sizes stay far from the machine's memory
@@ -50,7 +51,7 @@ def fuzz_live_worker(tmp_path, n: int, seed: int) -> dict:
         import msgpack
 
         sock.send_multipart([msgpack.packb({"v": 1, "t": "hello", "id": 1})])
-        assert sock.poll(120_000), "the worker never answered"
+        assert sock.poll(int(READY_S * 1000)), "the worker never answered"  # it warms first
         sock.recv_multipart()
         res = _fuzz.run_fuzz(sock, proc.pid, n, seed, max_bytes=BUDGET)
         res["alive"] = proc.poll() is None

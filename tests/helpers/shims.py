@@ -16,8 +16,10 @@ CALL_TIMEOUT_S = 30.0  # a remote call's deadline in the shims the fixtures inst
 
 def install(worker: str, *, ready_s: float = READY_S, **options):
     """``fusion_shim.install`` with policy remote (unless ``options`` say otherwise), quiet, against
-    ``worker``; returns the runtime once the worker is ready (fails after ``ready_s``)."""
-    rt = fusion_shim.install(**{"policy": "remote", "worker": worker, "quiet": True, **options})
+    ``worker``; returns the runtime once the worker is ready (fails after ``ready_s``). The hello
+    waits ``ready_s`` too (``ready_timeout``): its default 120 s was outlived by a warming worker."""
+    rt = fusion_shim.install(**{"policy": "remote", "worker": worker, "quiet": True, "ready_timeout": ready_s,
+                                **options})
     if not rt.link.wait_ready(ready_s):
         events = list(rt.ledger.events)
         fusion_shim.uninstall()

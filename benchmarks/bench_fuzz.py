@@ -1,7 +1,7 @@
 """Issue 8: fuzzing a live worker with 10,000 mutated messages (the CI test sends 2,000).
 
 A real worker process (torch kernels, CPU), CURVE over tcp://127.0.0.1 with an allow-listed client,
-budget 256 MiB; tests/_fuzz.py has the mutation operators and the verdicts. Recorded: messages per
+budget 256 MiB; tests/helpers/fuzz.py has the mutation operators and the verdicts. Recorded: messages per
 verdict, time per message, worker RSS before/after/peak.
 
     python -m pytest benchmarks/bench_fuzz.py --benchmark-only -s
@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-import test_fuzz  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+from tests import test_fuzz  # noqa: E402
 
 N = int(os.environ.get("FUZZ_MESSAGES", "10000"))
 

@@ -1,6 +1,6 @@
 """Issue 8: the long fault-injection run, >= 2,000 injections (the CI test makes 200).
 
-SIMULATED device: tests/_faultlab.py (the real server loop and wire, NumPy kernels, workers forked
+SIMULATED device: tests/helpers/faultlab.py (the real server loop and wire, NumPy kernels, workers forked
 from a zygote). The client is the real shim, policy remote, over ipc://, deadline cap 0.1 s.
 Recorded: injections by phase and action, calls, wrong answers, exceptions, slowest call.
 
@@ -14,8 +14,8 @@ import tempfile
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-import _faultlab  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+from tests.helpers import faultlab as _faultlab  # noqa: E402
 
 INJECTIONS = int(os.environ.get("FAULT_INJECTIONS", "2000"))
 

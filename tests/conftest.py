@@ -1,54 +1,50 @@
 """Shared fixtures. ``shim`` runs the shim against an in-process worker (``inproc://``: a worker
-thread in this process, no socket), forced remote, so every supported call goes to the worker."""
+thread in this process, no socket), forced remote, so every supported call goes to the worker.
+Files that want it installed once per module, or with other options, make their own ``shim``
+with :func:`tests.helpers.shims.shim_fixture`."""
 from __future__ import annotations
 
-import itertools
-import os
+import shutil
 import sys
 import tempfile
 
 import pytest
 
+from tests.helpers import environment  # first: it clears the shim's settings before anything reads them
 import fusion_shim
+from tests.helpers.shims import shim_fixture
+from tests.helpers.workers import thread_worker
 
-_ids = itertools.count()
-# Tests never inherit a user's shim settings; what was set is kept here for the few tests that
-# must honour it (FUSION_SHIM_NATIVE=0: a build without the C extension, issue 3).
-ENV_AT_START = {k: v for k, v in os.environ.items() if k.startswith("FUSION_SHIM")}
-for _k in ENV_AT_START:
-    del os.environ[_k]
-# ...nor read or write the user's calibration cache (issue 5): one fresh directory per session,
-# inherited by the programs the tests launch
-os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="fusion-shim-test-cache-")
-# The numba.cuda kernels (issue 9) run under numba's CUDA SIMULATOR in tests, unless the differential
-# suite targets a real GPU (FUSION_DIFF_DEVICE=cuda) or the caller chose (NUMBA_ENABLE_CUDASIM=0).
-# Set before anything imports numba; worker processes the tests start inherit it.
-os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "0" if os.environ.get("FUSION_DIFF_DEVICE", "cpu") != "cpu" else "1")
+
+def pytest_sessionfinish(session, exitstatus):
+    environment.remove_cache_dir()
 
 
 @pytest.fixture(scope="session")
 def inproc_worker():
-    from fusion_shim.worker import serve_in_thread
+    with thread_worker("tests") as (url, _):
+        yield url
 
-    url = f"inproc://fusion-shim-tests-{os.getpid()}"
-    thread, stop = serve_in_thread(url, device="cpu")
-    yield url
-    stop.set()
-    thread.join(5)
+
+shim = shim_fixture()
 
 
 @pytest.fixture
-def shim(inproc_worker):
-    """The shim installed with policy remote against the in-process worker, ready."""
-    rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True, timeout=30.0)
-    assert rt.link.wait_ready(60), f"in-process worker never became ready: {rt.ledger.events}"
-    yield rt
+def no_shim_after():
+    """No shim installed when the test starts, none left when it ends (files that install their own
+    use it for every test: ``pytestmark = pytest.mark.usefixtures("no_shim_after")``)."""
+    fusion_shim.uninstall()
+    yield
     fusion_shim.uninstall()
 
 
-def last_record(rt):
-    assert rt.ledger.records, "no call was recorded"
-    return rt.ledger.records[-1]
+@pytest.fixture
+def sock_dir():
+    """A short directory for ipc:// sockets (a unix socket path is limited to ~100 bytes), removed
+    after the test."""
+    path = tempfile.mkdtemp(prefix="fs-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

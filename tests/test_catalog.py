@@ -153,8 +153,7 @@ def test_scipy_condition_estimate_is_a_lower_bound_close_to_the_truth():
 
 _NO_LAZY_IMPORTS = r'''
 import sys
-sys.path.insert(0, "tests")
-import test_differential as td
+from tests import test_differential as td
 from fusion_shim.catalog import BY_NAME, Unsupported, prepare
 from fusion_shim.catalog.base import unwrap
 from fusion_shim.client.remote import call_message

@@ -31,8 +31,9 @@ import numpy as np
 import pytest
 
 import fusion_shim
-from conftest import last_record
-from diffutil import assert_close, assert_meta, check_result, lay_out, op, original, values
+from tests.helpers.shims import READY_S, last_record, shim_fixture
+from tests.helpers.workers import thread_worker
+from tests.helpers.diffutil import assert_close, assert_meta, check_result, lay_out, op, original, values
 from fusion_shim.catalog import CATALOG
 from fusion_shim.intercept import bypassed
 
@@ -53,30 +54,22 @@ DEVICE = os.environ.get("FUSION_DIFF_DEVICE", "cpu")
 @pytest.fixture(scope="module")
 def worker_url(request):
     if DEVICE == "cpu":
-        return request.getfixturevalue("inproc_worker")
-    from fusion_shim.worker import serve_in_thread
-
-    url = f"inproc://fusion-shim-differential-{os.getpid()}"
-    thread, stop = serve_in_thread(url, device=DEVICE)
-    request.addfinalizer(lambda: (stop.set(), thread.join(5)))
-    return url
+        yield request.getfixturevalue("inproc_worker")
+        return
+    with thread_worker("differential", device=DEVICE) as (url, _):
+        yield url
 
 
-@pytest.fixture(scope="module")
-def shim(worker_url):
-    """conftest's ``shim`` (policy remote, in-process worker), installed once for this module:
-    installing calibrates the local side (0.1 to 0.8 s here), which per test would take minutes."""
-    rt = fusion_shim.install(policy="remote", worker=worker_url, quiet=True, timeout=30.0)
-    assert rt.link.wait_ready(60), f"in-process worker never became ready: {rt.ledger.events}"
-    yield rt
-    fusion_shim.uninstall()
+# conftest's ``shim`` installed once for this module: installing calibrates the local side
+# (0.1 to 0.8 s here), which per test would take minutes
+shim = shim_fixture("worker_url", scope="module")
 
 
 @pytest.fixture(autouse=True)
 def _fresh(shim):
     """Each test starts with an empty ledger and a ready worker, as with a fresh install."""
     assert fusion_shim.active() is shim, "another install replaced this module's shim"
-    assert shim.link.wait_ready(30), f"worker not ready: {shim.ledger.events[-3:]}"
+    assert shim.link.wait_ready(READY_S), f"worker not ready: {shim.ledger.events[-3:]}"
     shim.ledger.clear()
     yield
 
@@ -420,7 +413,7 @@ def test_differential(shim, case: Case, dtype: str, layout: str):
 
 def test_every_catalog_row_has_differential_cases():
     """Every row has cases here or generated ones in tests/test_hypothesis_catalog.py (all rows)."""
-    from test_hypothesis_catalog import STRATEGIES
+    from tests.test_hypothesis_catalog import STRATEGIES
 
     covered = {case.op for case in CASES} | set(STRATEGIES)
     missing = sorted(spec.name for spec in CATALOG if spec.name not in covered)

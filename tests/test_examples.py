@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ENV_AT_START
+from tests.helpers.environment import NATIVE_OFF
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
-SIZE = "512"
-NATIVE_OFF = ENV_AT_START.get("FUSION_SHIM_NATIVE", "").strip().lower() in ("0", "false", "no", "off")  # smaller than the defaults: the point is equal answers, not speed
+SIZE = "512"  # smaller than the defaults: the point is equal answers, not speed
 
 
 def _run(*args, cwd=ROOT):

@@ -2,7 +2,7 @@
 points of every call phase, at least 200 injections; every answer right, no exception reaching the
 program, no call waiting past its deadline.
 
-SIMULATED device: tests/_faultlab.py runs the real server loop (wire, validation, dispatcher) with
+SIMULATED device: tests/helpers/faultlab.py runs the real server loop (wire, validation, dispatcher) with
 NumPy kernels, forked from a zygote so that a killed worker is replaced within milliseconds. The
 client is the real shim, policy remote, an external worker over ipc://. ~22 s on the 2-core
 development machine. The longer run (>= 2,000 injections) is benchmarks/bench_reliability.py, its
@@ -11,31 +11,14 @@ figures in benchmarks/RESULTS.md.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import sys
-import tempfile
 
 import pytest
 
-import fusion_shim
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _faultlab  # noqa: E402
+from tests.helpers import faultlab as _faultlab
 
 
-@pytest.fixture
-def sock_dir():
-    path = tempfile.mkdtemp(prefix="fs-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture(autouse=True)
-def no_shim_after():
-    fusion_shim.uninstall()
-    yield
-    fusion_shim.uninstall()
+pytestmark = pytest.mark.usefixtures("no_shim_after")  # conftest: no shim before or after each test
 
 
 def test_fault_injection_200_injections_all_correct(sock_dir):

@@ -2,12 +2,11 @@
 to a real worker process (torch kernels, CPU). Same pid afterwards, memory back within 5% of the
 baseline, every message malformed on the wire answered with an error, no result other than the
 one a request declares. The 10,000-message run is benchmarks/bench_fuzz.py (figures in
-benchmarks/RESULTS.md); tests/_fuzz.py has the mutation operators.
+benchmarks/RESULTS.md); tests/helpers/fuzz.py has the mutation operators.
 """
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -16,8 +15,8 @@ import zmq
 
 from fusion_shim import auth, transport
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _fuzz  # noqa: E402
+from tests.helpers import fuzz as _fuzz
+from tests.helpers.shims import READY_S
 
 PY = sys.executable
 BUDGET = 256 << 20  # the worker's --max-bytes: fuzzed sizes stay far from the machine's memory
@@ -52,7 +51,7 @@ def fuzz_live_worker(tmp_path, n: int, seed: int) -> dict:
         import msgpack
 
         sock.send_multipart([msgpack.packb({"v": 1, "t": "hello", "id": 1})])
-        assert sock.poll(120_000), "the worker never answered"
+        assert sock.poll(int(READY_S * 1000)), "the worker never answered"  # it warms first
         sock.recv_multipart()
         res = _fuzz.run_fuzz(sock, proc.pid, n, seed, max_bytes=BUDGET)
         res["alive"] = proc.poll() is None

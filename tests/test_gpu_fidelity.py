@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 import fusion_shim
-from conftest import last_record
+from tests.helpers.shims import install, last_record
+from tests.helpers.workers import thread_worker
 
 torch = pytest.importorskip("torch")
 CUDA = torch.cuda.is_available()
@@ -27,16 +28,10 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not CUDA, reason
 
 @pytest.fixture(scope="module", params=DEVICES)
 def on_device(request):
-    from fusion_shim.worker import serve_in_thread
-
-    url = f"inproc://fusion-shim-fidelity-{request.param}-{os.getpid()}"
-    thread, stop = serve_in_thread(url, device=request.param)
-    rt = fusion_shim.install(policy="remote", worker=url, quiet=True, timeout=120.0)
-    assert rt.link.wait_ready(300), rt.ledger.events
-    yield rt, request.param
-    fusion_shim.uninstall()
-    stop.set()
-    thread.join(10)
+    with thread_worker(f"fidelity-{request.param}", device=request.param) as (url, _):
+        rt = install(url, timeout=120.0)
+        yield rt, request.param
+        fusion_shim.uninstall()
 
 
 def test_tf32_is_off(on_device):

@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import fusion_shim
-from conftest import last_record
-from diffutil import assert_meta, check_result, lay_out, op, original, outcome
+from tests.helpers.shims import last_record, shim_fixture
+from tests.helpers.diffutil import assert_meta, check_result, lay_out, op, original, outcome
 from fusion_shim.catalog import CATALOG
 from fusion_shim.intercept import bypassed
 
@@ -952,13 +952,7 @@ def run_row(shim: Any, name: str, examples: int) -> dict[str, int]:
 
 # --- the tests -----------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def shim(inproc_worker):
-    """conftest's ``shim`` (policy remote, in-process worker), installed once for the module."""
-    rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True, timeout=30.0)
-    assert rt.link.wait_ready(60), f"in-process worker never became ready: {rt.ledger.events}"
-    yield rt
-    fusion_shim.uninstall()
+shim = shim_fixture(scope="module")  # conftest's ``shim``, installed once for the module
 
 
 TOTALS: dict[str, dict[str, int]] = {}

@@ -29,7 +29,7 @@ def wrapped(objs):
 def run(body: str) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
     proc = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(body)], env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 

@@ -21,7 +21,7 @@ import fusion_shim
 from fusion_shim.catalog import CATALOG
 
 PY = sys.executable
-TIMEOUT = 60  # per subprocess: a hang fails the test instead of the suite
+TIMEOUT = 300  # per subprocess: a hang fails the test instead of the suite; a busy machine does not
 
 
 def clean_env(**extra: str) -> dict[str, str]:
@@ -252,7 +252,7 @@ KIDS = """\
         import fusion_shim, wrapt
         rt = fusion_shim.active()
         if rt is not None and rt.link is not None:  # until a worker is ready every call is below the floor
-            rt.link.wait_ready(60)
+            rt.link.wait_ready(600)
         before = (fusion_shim.report() or {"ops": {}})["ops"].get("numpy.linalg.svd", {})
         # svd has the lowest floor the planner derives (26 n^3 flops on n^2 inputs, issue 5)
         big = np.eye(200) + 1.0              # 320 kB: above svd's floor on any plausible worker, recorded
@@ -274,7 +274,7 @@ KIDS = """\
         out = {"parent": probe()}
         here = os.path.dirname(os.path.abspath(__file__))
         code = f"import json, sys; sys.path.insert(0, {here!r}); import kids; print(json.dumps(kids.probe()))"
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         out["subprocess"] = json.loads(r.stdout.splitlines()[-1])
         for method in ("spawn", "fork"):
@@ -282,7 +282,7 @@ KIDS = """\
             q = ctx.Queue()
             p = ctx.Process(target=mp_child, args=(q,))
             p.start()
-            out[method] = q.get(timeout=60)
+            out[method] = q.get(timeout=300)
             p.join(30)
             out[method]["exitcode"] = p.exitcode
         print(json.dumps(out))
@@ -384,14 +384,7 @@ def _snapshot() -> dict[str, dict]:
     return {name: dict(vars(importlib.import_module(name))) for name in PATCH_POINTS}
 
 
-@pytest.fixture
-def no_shim():
-    fusion_shim.uninstall()
-    yield
-    fusion_shim.uninstall()
-
-
-def test_install_uninstall_restore_exactly(no_shim):
+def test_install_uninstall_restore_exactly(no_shim_after):
     paths = ["matmul", "dot", "einsum", "tensordot", "linalg.solve", "linalg.inv", "linalg.svd",
              "linalg.qr", "fft.fft", "fft.ifft2", "fft.rfft"]
     lookup = lambda path: getattr(np.fft if path.startswith("fft.") else np.linalg if path.startswith("linalg.")
@@ -437,7 +430,7 @@ def test_install_uninstall_restore_exactly(no_shim):
     assert np.matmul is named["matmul"]
 
 
-def test_a_kept_wrapper_passes_through_after_uninstall(no_shim):
+def test_a_kept_wrapper_passes_through_after_uninstall(no_shim_after):
     fusion_shim.install(policy="local", quiet=True)
     kept = np.linalg.solve
     fusion_shim.uninstall()
@@ -446,7 +439,7 @@ def test_a_kept_wrapper_passes_through_after_uninstall(no_shim):
     assert fusion_shim.report() is None
 
 
-def test_report_callable_repeatedly(no_shim):
+def test_report_callable_repeatedly(no_shim_after):
     """``fusion_shim.report`` stays the function after the report module has been imported."""
     fusion_shim.install(policy="local", quiet=True)
     first, second = fusion_shim.report(), fusion_shim.report()

@@ -10,8 +10,7 @@ import time
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import linkemu  # noqa: E402
+from benchmarks import linkemu
 
 ECHO = """
 import socket, sys

@@ -17,11 +17,11 @@ import pytest
 import wrapt
 
 import fusion_shim
-from conftest import ENV_AT_START
+from tests.helpers.environment import NATIVE_OFF
+from tests.helpers.shims import CALL_TIMEOUT_S, READY_S, install
 from fusion_shim.intercept import bypassed
 from fusion_shim.plan.policy import NEVER
 
-NATIVE_OFF = ENV_AT_START.get("FUSION_SHIM_NATIVE", "").strip().lower() in ("0", "false", "no", "off")
 needs_native = pytest.mark.skipif(NATIVE_OFF, reason="FUSION_SHIM_NATIVE=0 was set for this run: no extension")
 pytestmark = [needs_native, pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")]
 MATMUL, IMATMUL, DOT = "numpy.ndarray.__matmul__", "numpy.ndarray.__imatmul__", "numpy.ndarray.dot"
@@ -35,8 +35,7 @@ def shim(inproc_worker):
     from where they start."""
     rt = fusion_shim.active()
     if rt is None or rt.config.policy != "remote" or rt.config.worker != inproc_worker:
-        rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True, timeout=30.0)
-        assert rt.link.wait_ready(60), rt.ledger.events
+        rt = install(inproc_worker, timeout=CALL_TIMEOUT_S)
     yield rt
 
 
@@ -440,7 +439,7 @@ def test_calls_inside_another_module_are_intercepted(shim, tmp_path):
 def test_small_products_stay_in_c_and_are_counted(inproc_worker):
     rt = fusion_shim.install(policy="auto", worker=inproc_worker, quiet=True)
     try:
-        assert rt.link.wait_ready(60)  # until then every call is counted below the floor (issue 5)
+        assert rt.link.wait_ready(READY_S)  # until then every call is counted below the floor (issue 5)
         a = rand((4, 4))
         for _ in range(5):
             a @ a
@@ -479,7 +478,7 @@ def test_policy_local_does_not_patch():
 def test_kill_switch_turns_off_all_native_use(inproc_worker):
     rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True, native=False)
     try:
-        assert rt.link.wait_ready(60)
+        assert rt.link.wait_ready(READY_S)
         assert not _native().patched()
         assert rt.operators == {"intercepted": False, "why": "FUSION_SHIM_NATIVE=0", "fast_path": "wrapt"}
         assert isinstance(np.matmul, wrapt.FunctionWrapper)  # the Python fast path

@@ -15,6 +15,9 @@ from fusion_shim.config import Config, ConfigError
 from fusion_shim.plan import NEVER, Planner, calibrate
 from fusion_shim.client.residency import Mirror
 
+from tests.helpers.shims import READY_S
+from tests.helpers.workers import thread_worker
+
 RNG = np.random.default_rng(5)
 
 
@@ -57,7 +60,15 @@ def test_cache_is_per_build_and_goes_stale(tmp_path):
 def test_calibration_runs_in_the_background_where_it_can_change_a_decision_and_is_cached(tmp_path, monkeypatch):
     probes = []
     real_probe = calibrate.probe
-    monkeypatch.setattr(calibrate, "probe", lambda f, d, others=None: probes.append((f, d)) or real_probe(f, d, others))
+
+    def probe(family, dtype, others=None):
+        probes.append((family, dtype))
+        try:
+            return real_probe(family, dtype, others)
+        except calibrate.Contended:  # CPUs busy throughout: the flow needs a curve, not these figures
+            return [(2e6, 2e-4), (2e8, 2e-2), (2e9, 0.2)]
+
+    monkeypatch.setattr(calibrate, "probe", probe)
     key = calibrate.build_key()
     threads = []
 
@@ -148,7 +159,11 @@ def test_a_timed_run_counts_only_when_the_probe_had_the_cpu_and_the_program_was_
     spin.start()
     try:
         time.sleep(0.05)
-        assert calibrate.others_busy(0.05) > calibrate.BUSY_SHARE
+        # measured until one window finds it: on a busy machine the spinner gets the CPU only at times
+        deadline, seen = time.monotonic() + 60, []
+        while not seen or (seen[-1] <= calibrate.BUSY_SHARE and time.monotonic() < deadline):
+            seen.append(calibrate.others_busy(0.05))
+        assert seen[-1] > calibrate.BUSY_SHARE, max(seen)
     finally:
         stop.set()
         spin.join()
@@ -170,10 +185,14 @@ def test_a_contended_probe_is_neither_cached_nor_used(tmp_path, monkeypatch):
     assert ("products", "f8") not in planner.profile.local.curves
     assert calibrate.Cache(path, key).get("products", "f8") is None
     assert any("products f8 not calibrated" in e and "48%" in e for e in events)
-    # the real probe, on this (idle enough) machine, gives clean points
+    # the real probe gives clean points, or, on a machine too busy for any clean run, says so
     monkeypatch.undo()
-    points = calibrate.probe("fft", "f8")
-    assert len(points) == 3 and all(s > 0 for _, s in points)
+    try:
+        points = calibrate.probe("fft", "f8")
+    except calibrate.Contended as exc:
+        assert exc.share is None or exc.share < calibrate.CLEAN_CPU_SHARE, exc
+    else:
+        assert len(points) == 3 and all(s > 0 for _, s in points)
 
 
 def test_no_probe_while_a_same_host_worker_computes_a_call_of_ours(tmp_path, monkeypatch):
@@ -189,24 +208,22 @@ def test_no_probe_while_a_same_host_worker_computes_a_call_of_ours(tmp_path, mon
     assert ("fft", "f8") not in planner.profile.local.curves
     assert any("fft f8 not calibrated" in e and "on a worker sharing these CPUs" in e for e in events), events
     planner.worker_busy = lambda: False  # the call answered: the probe runs
+    seen = len(events)
     planner.calibrate_now([("fft", "f8")])
-    assert ("fft", "f8") in planner.profile.local.curves
+    # it measured, or (a busy machine) timed other processes' load and said so: not the worker's
+    assert ("fft", "f8") in planner.profile.local.curves or any(
+        "fft f8 not calibrated" in e and "another process was using the CPUs" in e for e in events[seen:]), events
 
 
 # -- the runtime --------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def two_workers(inproc_worker):
-    from fusion_shim.worker import serve_in_thread
-
-    url = f"inproc://fusion-shim-tests-second-{os.getpid()}"
-    thread, stop = serve_in_thread(url, device="cpu")
-    yield inproc_worker, url
-    stop.set()
-    thread.join(5)
+    with thread_worker("tests-second") as (url, _):
+        yield inproc_worker, url
 
 
-def _ready(rt, timeout=60):
+def _ready(rt, timeout=READY_S):
     deadline = time.monotonic() + timeout
     for link in rt.links:
         assert link.wait_ready(max(deadline - time.monotonic(), 0.1)), rt.ledger.events
@@ -268,12 +285,15 @@ def test_auto_never_waits_for_a_cold_worker_and_floors_are_per_op(tmp_path):
     """Until a worker is first ready nothing can leave the process: every floor is NEVER and a call
     of any size costs one comparison (no slow path, no record, no wait). Once one is ready the
     floors come from the models, each op its own."""
+    a = RNG.standard_normal((300, 300))
+    t = time.perf_counter()
+    np.linalg.svd(a)
+    plain = time.perf_counter() - t  # the baseline: NumPy's own, on this machine as busy as it is now
     rt = fusion_shim.install(policy="auto", worker=f"ipc://{tmp_path}/nobody.sock", quiet=True)
     try:
-        a = RNG.standard_normal((300, 300))
         t = time.perf_counter()
         np.linalg.svd(a)
-        assert time.perf_counter() - t < 0.5  # not waited for
+        assert time.perf_counter() - t < 5 * plain + 0.5  # not waited for
         assert not [r for r in rt.ledger.records if r.op == "numpy.linalg.svd"]
         assert rt.floor_bytes == NEVER and rt.floor_cell("numpy.linalg.svd")[0] == NEVER
         assert rt.link.state == "starting"
@@ -364,8 +384,13 @@ class _Believed(Mirror):
         return self.held
 
 
+def expected_entries() -> set[str]:
+    return {f"{f}/{d}" for f in ("products", "linalg", "fft") for d in calibrate.FLOAT_DTYPES}
+
+
 def test_calibrate_command_writes_the_cache(tmp_path):
     import json
+    import re
     import subprocess
     import sys
 
@@ -373,12 +398,16 @@ def test_calibrate_command_writes_the_cache(tmp_path):
     r = subprocess.run([sys.executable, "-m", "fusion_shim", "calibrate"], env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    files = list((tmp_path / "fusion_shim").glob("local-*.json"))
-    assert len(files) == 1 and f"written to {files[0]}" in r.stdout
-    data = json.loads(files[0].read_text())
+    # a probe the CPUs were too busy for is skipped and said so (calibrate.Contended); every other
+    # (family, dtype) is in the cache: on an idle machine all of them
+    skipped = {f"{f}/{d}" for f, d in re.findall(r"^local (\S+) (\S+) not calibrated: ", r.stdout, re.M)}
+    files = [str(f) for f in (tmp_path / "fusion_shim").glob("local-*.json")]
+    written = re.search(r"^written to (.+)$", r.stdout, re.M)
+    assert written and os.path.dirname(written[1]) == str(tmp_path / "fusion_shim"), r.stdout
+    assert files == ([] if skipped == expected_entries() else [written[1]]), (files, r.stdout)
+    data = json.loads(Path(files[0]).read_text()) if files else {"key": calibrate.build_key(), "entries": {}}
     assert data["key"] == calibrate.build_key() or data["key"]["numpy"] == np.__version__
-    expected = {f"{f}/{d}" for f in ("products", "linalg", "fft") for d in calibrate.FLOAT_DTYPES}
-    assert set(data["entries"]) == expected
+    assert set(data["entries"]) | skipped == expected_entries() and not set(data["entries"]) & skipped, r.stdout
     for entry in data["entries"].values():  # (flops, seconds) points, increasing work
         flops = [f for f, s in entry["points"]]
         assert flops == sorted(flops) and all(s > 0 for f, s in entry["points"])
@@ -532,6 +561,9 @@ def test_the_benchmarks_load_check_counts_other_processes_not_this_one():
 
     ncpu = len(os.sched_getaffinity(0))
     before = cpu_sample()
+    time.sleep(0.4)  # the baseline: what the rest of the machine does meanwhile, this process idle
+    idle = others_share(before, cpu_sample())
+    before = cpu_sample()
     t = time.monotonic()
     while time.monotonic() - t < 0.4:  # this process computes
         pass
@@ -547,7 +579,7 @@ def test_the_benchmarks_load_check_counts_other_processes_not_this_one():
         spinner.kill()
         spinner.wait()
     assert other >= 0.6 / ncpu, (other, ncpu)
-    assert own <= 0.4 / ncpu + 0.05, (own, ncpu)
+    assert own <= idle + 0.4 / ncpu + 0.05, (own, idle, ncpu)
 
 
 def test_a_benchmark_taken_beside_other_processes_is_reported():
@@ -657,7 +689,18 @@ def test_without_a_gpu_the_embedded_worker_waits_for_a_long_enough_run(monkeypat
         rep = fusion_shim.report()
         assert rep["ops"]["numpy.linalg.svd"]["below_floor"] == 1
         assert any("no GPU on this host" in e["what"] for e in rep["events"])
-        assert rt.link.wait_ready(60)  # started by the timer, warmed, connected
+        deadline = time.monotonic() + READY_S
+        while (rt.link.proc is None or rt.link.state == "deferred") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert rt.link.proc is not None, "the timer never started the embedded worker"
+        # TEST SETTING: an idle-priority warm-up takes only CPU nobody else wants, none on a machine
+        # saturated by other work (by design: auto then stays local); its priority is tested apart
+        for tid in os.listdir(f"/proc/{rt.link.proc.pid}/task"):
+            try:
+                os.sched_setscheduler(int(tid), os.SCHED_OTHER, os.sched_param(0))
+            except OSError:
+                pass
+        assert rt.link.wait_ready(READY_S)  # started by the timer, warmed, connected
         assert rt.link.proc is not None and rt.floor_cell("numpy.linalg.svd")[0] < NEVER
         assert any("starting the embedded worker" in e["what"] for e in fusion_shim.report()["events"])
     finally:
@@ -782,7 +825,6 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
         fusion_shim.uninstall()
         stop.set()
         thread.join(5)
-
 
 
 def test_a_background_link_probe_waits_a_little_for_the_program_to_be_idle(inproc_worker, monkeypatch):

@@ -1,7 +1,7 @@
 """Issue 8: faults survived with nothing lost, and a client that behaves inside a real program.
 
 - Fault injection: a worker SIGKILLed, SIGSTOPped or dropping replies at random points of every call
-  phase (tests/_faultlab.py: the real server loop with NumPy kernels, SIMULATED device), >= 200
+  phase (tests/helpers/faultlab.py: the real server loop with NumPy kernels, SIMULATED device), >= 200
   injections: every answer right, no exception reaching the program, no call past its deadline.
 - Heartbeats: a stopped external worker is noticed in about a second, not at the call's deadline.
 - Per-call deadlines follow the prediction; an op in flight at three worker deaths runs locally.
@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -30,24 +28,13 @@ from fusion_shim import transport
 from fusion_shim.client import call as client_call, checks as client_checks, link as client_link
 from fusion_shim.intercept import bypassed
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _faultlab  # noqa: E402
+from tests.helpers import faultlab as _faultlab
+from tests.helpers.shims import READY_S
 
 PY = sys.executable
 
 
-@pytest.fixture
-def sock_dir():
-    path = tempfile.mkdtemp(prefix="fs-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture(autouse=True)
-def no_shim_after():
-    fusion_shim.uninstall()
-    yield
-    fusion_shim.uninstall()
+pytestmark = pytest.mark.usefixtures("no_shim_after")  # conftest: no shim before or after each test
 
 
 def events(rt) -> str:
@@ -76,7 +63,7 @@ def test_stopped_external_worker_is_noticed_by_heartbeat(sock_dir, monkeypatch):
     lab = _faultlab.FaultLab(sock_dir, resume_after=None, delay=0.5)  # stays stopped; calls take 0.5 s
     try:
         rt = fusion_shim.install(policy="remote", worker=lab.url, quiet=True, timeout=30.0, ready_timeout=10.0)
-        assert rt.link.wait_ready(10), events(rt)
+        assert rt.link.wait_ready(READY_S), events(rt)
         a, b, c = rng_matrix(1), rng_matrix(2), rng_matrix(3)
         with bypassed():  # NumPy's own answers: `@` is intercepted too
             want_a, want_b, want_c = a @ a, b @ b, c @ c
@@ -97,7 +84,7 @@ def test_stopped_external_worker_is_noticed_by_heartbeat(sock_dir, monkeypatch):
 
         # resumed: the background probe finds it again
         os.kill(lab.current, signal.SIGCONT)
-        assert rt.link.wait_ready(10), events(rt)
+        assert rt.link.wait_ready(READY_S), events(rt)
         np.testing.assert_allclose(np.matmul(c, c), want_c)
         assert last(rt).kind == "worker"
 
@@ -126,7 +113,7 @@ def test_deadline_follows_the_prediction(monkeypatch):
     thread, stop = serve_in_thread(url, worker=worker)
     try:
         rt = fusion_shim.install(policy="remote", worker=url, quiet=True, timeout=20.0, ready_timeout=10.0)
-        assert rt.link.wait_ready(10), events(rt)
+        assert rt.link.wait_ready(READY_S), events(rt)
         a = rng_matrix(4)
         with bypassed():
             want = a @ a
@@ -170,12 +157,12 @@ def test_op_that_kills_the_worker_three_times_runs_locally(sock_dir):
     try:
         rt = fusion_shim.install(policy="remote", worker=lab.url, quiet=True, timeout=10.0, ready_timeout=10.0)
         for i in range(client_checks.CRASH_LIMIT):
-            assert rt.link.wait_ready(10), events(rt)
+            assert rt.link.wait_ready(READY_S), events(rt)
             np.testing.assert_allclose(np.linalg.inv(a), want)
             rec = last(rt, "numpy.linalg.inv")
             assert rec.kind == "fallback" and rec.reason.startswith("WorkerLost"), rec.reason
         assert lab.crashes() == ["linalg.inv <f8"] * client_checks.CRASH_LIMIT
-        assert rt.link.wait_ready(10), events(rt)
+        assert rt.link.wait_ready(READY_S), events(rt)
         # the fourth: pinned, never sent
         np.testing.assert_allclose(np.linalg.inv(a), want)
         rec = last(rt, "numpy.linalg.inv")
@@ -222,7 +209,7 @@ def test_out_of_memory_is_retried_once_then_runs_locally():
     want = a @ a
     try:
         rt = fusion_shim.install(policy="remote", worker=url, quiet=True, timeout=20.0, ready_timeout=10.0)
-        assert rt.link.wait_ready(10), events(rt)
+        assert rt.link.wait_ready(READY_S), events(rt)
         state["fail"] = 1  # the retry after freeing succeeds
         np.testing.assert_allclose(np.matmul(a, a), want)
         rec = last(rt)
@@ -286,7 +273,7 @@ def test_health_probe_catches_a_worker_that_computes_wrong():
         assert "unhealthy" in events(rt), events(rt)
 
         worker.kernels["matmul"] = good  # repaired: the background probe finds a healthy worker
-        assert rt.link.wait_ready(10), events(rt)
+        assert rt.link.wait_ready(READY_S), events(rt)
         sock.send(msgpack.packb({"v": 1, "t": "hello", "id": 6}))
         assert sock.poll(10000)
         header, _ = wire.decode(sock.recv_multipart())
@@ -332,7 +319,7 @@ def _mixed_cases(seed: int, n: int) -> list[tuple]:
 def test_eight_threads_two_hundred_mixed_calls_each(inproc_worker):
     per_thread = [_mixed_cases(100 + t, 200) for t in range(8)]  # expected answers: NumPy's, before the shim
     rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True, timeout=60.0)
-    assert rt.link.wait_ready(60), events(rt)
+    assert rt.link.wait_ready(READY_S), events(rt)
     wrong, raised, channels = [], [], {}
     barrier = threading.Barrier(8)
 
@@ -371,7 +358,7 @@ r = np.random.default_rng(0)
 a, b, c = (r.standard_normal((64, 64)) for _ in range(3))
 want = {"a": a @ a, "b": b @ b, "c": c @ c}
 rt = fusion_shim.install(policy="remote", device="cpu", quiet=True)
-assert rt.link.wait_ready(120), rt.ledger.events
+assert rt.link.wait_ready(600), rt.ledger.events
 out = {"parent_a": bool(np.allclose(np.matmul(a, a), want["a"])), "parent_kind": rt.ledger.records[-1].kind}
 parent_chan = rt.link.channel()
 rfd, wfd = os.pipe()
@@ -408,7 +395,7 @@ print(json.dumps(out))
 def test_forked_child_computes_with_its_own_connection(tmp_path):
     prog = tmp_path / "fork_app.py"
     prog.write_text(FORK_APP)
-    r = subprocess.run([PY, str(prog)], capture_output=True, text=True, timeout=120, env=clean_env())
+    r = subprocess.run([PY, str(prog)], capture_output=True, text=True, timeout=600, env=clean_env())
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.splitlines()[-1])
     assert out["parent_a"] and out["parent_kind"] == "worker", out

@@ -19,6 +19,8 @@ from fusion_shim.report.trace import build_trace
 from fusion_shim.report.whatif import LinkProfile, reprice
 from fusion_shim.errors import VerificationError
 
+from tests.helpers.shims import READY_S
+
 RNG = np.random.default_rng(7)
 
 
@@ -108,7 +110,7 @@ def corrupt_worker():
 @pytest.fixture
 def corrupt_shim(corrupt_worker):
     rt = fusion_shim.install(policy="remote", worker=corrupt_worker, quiet=True, verify=1.0)
-    assert rt.link.wait_ready(60)
+    assert rt.link.wait_ready(READY_S)
     yield rt
     fusion_shim.uninstall()
 
@@ -152,7 +154,7 @@ def _assert_same(x, y):
 def test_mismatch_in_strict_mode_raises(corrupt_worker):
     rt = fusion_shim.install(policy="remote", worker=corrupt_worker, quiet=True, verify=1.0, strict=True)
     try:
-        assert rt.link.wait_ready(60)
+        assert rt.link.wait_ready(READY_S)
         a = np.ones((40, 40))
         with pytest.raises(VerificationError, match="differed"):
             np.matmul(a, a)
@@ -192,7 +194,7 @@ def test_wrong_worker_through_the_launcher(tmp_path):
         plain = subprocess.run([sys.executable, str(prog)], capture_output=True, text=True, check=True)
         out = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", "remote", "--worker", url,
                               "--verify", "all", "--report", str(tmp_path / "r.json"), str(prog)],
-                             capture_output=True, text=True, timeout=120)
+                             capture_output=True, text=True, timeout=600)
         assert out.returncode == 0, out.stderr
         assert out.stdout == plain.stdout
         rep = json.loads((tmp_path / "r.json").read_text())
@@ -209,7 +211,7 @@ def test_trace_and_report_files_from_the_launcher(tmp_path):
     prog.write_text("import numpy as np\na = np.ones((200, 200))\nprint(np.matmul(a, a)[0, 0])\n")
     out = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", "remote", "--quiet",
                           "--report", str(tmp_path / "r.json"), "--trace", str(tmp_path / "t.json"), str(prog)],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr
     _check_trace(json.loads((tmp_path / "t.json").read_text()))
     shown = subprocess.run([sys.executable, "-m", "fusion_shim", "report", str(tmp_path / "r.json"),
@@ -240,7 +242,7 @@ def test_magic_in_a_real_ipython_kernel():
             out = []
             kc.execute(code)
             while True:
-                msg = kc.get_iopub_msg(timeout=120)
+                msg = kc.get_iopub_msg(timeout=600)
                 if msg["msg_type"] == "stream":
                     out.append(msg["content"]["text"])
                 if msg["msg_type"] == "error":

@@ -13,6 +13,8 @@ from fusion_shim.intercept import bypassed
 from fusion_shim.protocol.fingerprint import RESIDENT_MIN, fingerprint
 from fusion_shim.client.residency import HASH_BPS
 
+from tests.helpers.shims import READY_S
+
 RNG = np.random.default_rng(6)
 
 
@@ -33,7 +35,7 @@ def rshim(store_worker):
     url, worker = store_worker
     worker.store.clear()
     rt = fusion_shim.install(policy="remote", worker=url, quiet=True)
-    assert rt.link.wait_ready(60)
+    assert rt.link.wait_ready(READY_S)
     yield rt
     fusion_shim.uninstall()
 
@@ -170,7 +172,7 @@ def test_residency_off_sends_everything(store_worker):
     url, worker = store_worker
     rt = fusion_shim.install(policy="remote", worker=url, quiet=True, residency=False)
     try:
-        assert rt.link.wait_ready(60)
+        assert rt.link.wait_ready(READY_S)
         a = RNG.standard_normal((400, 400))
         v = np.ones(400)
         for _ in range(5):
@@ -250,7 +252,7 @@ def test_planner_prices_resident_inputs_as_free(store_worker):
     url, worker = store_worker
     rt = fusion_shim.install(policy="auto", worker=url, quiet=True)
     try:
-        assert rt.link.wait_ready(60)
+        assert rt.link.wait_ready(READY_S)
         # SYNTHETIC profile: a worker 300x faster than here behind a 1 GB/s link; the planner's margin
         # (about 1.8x for one-point curves and a fresh link) must be beaten
         _synthetic(rt, 30.0, 1e4, 1e9)
@@ -303,7 +305,7 @@ def test_a_chain_reusing_a_matrix_goes_to_the_worker_once_its_upload_is_shared(s
     url, _ = store_worker
     rt = fusion_shim.install(policy="auto", worker=url, quiet=True)
     try:
-        assert rt.link.wait_ready(60)
+        assert rt.link.wait_ready(READY_S)
         # SYNTHETIC profile: moving a costs 12 ms, b and the result 2 ms, the product 10 ms here and
         # next to nothing there; the margin (about 1.9x) needs a's upload split four ways
         bw = 3.92e6 / 0.012
@@ -356,7 +358,7 @@ def test_short_calls_with_fresh_inputs_raise_their_floor_once_looked_at(store_wo
     url, _ = store_worker
     rt = fusion_shim.install(policy="auto", worker=url, quiet=True)
     try:
-        assert rt.link.wait_ready(60)
+        assert rt.link.wait_ready(READY_S)
         # SYNTHETIC profile: here 50 GFLOP/s, the worker 1000 behind a 1 GB/s link; 800x800 @ 800x100:
         # 2.6 ms here; there 0.9 ms with a and b already there, 6.7 ms sending them
         _synthetic(rt, 50.0, 1000.0, 1e9)

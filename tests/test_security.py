@@ -9,12 +9,14 @@ server key get nothing, and not one of their frames reaches the dispatcher.
 from __future__ import annotations
 
 import ast
+import contextlib
 import itertools
 import os
 import socket
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import msgpack
@@ -26,6 +28,10 @@ import zmq.auth
 import fusion_shim
 from fusion_shim import auth, config, transport
 from fusion_shim.protocol import wire
+
+from tests.helpers.shims import READY_S
+
+REPLY_MS = int(READY_S * 1000)  # a reply's deadline: a worker answers once warm (its self-benchmark)
 
 PY = sys.executable
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,11 +46,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(autouse=True)
-def no_shim_after():
-    fusion_shim.uninstall()
-    yield
-    fusion_shim.uninstall()
+pytestmark = pytest.mark.usefixtures("no_shim_after")  # conftest: no shim before or after each test
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +108,17 @@ def dealer(url: str, server_key: bytes | None, pair: tuple[bytes, bytes] | None)
     return sock, mon
 
 
+@contextlib.contextmanager
+def dealt(url: str, server_key: bytes | None, pair: tuple[bytes, bytes] | None):
+    """:func:`dealer`, closed on exit even when an assertion fails (a socket left open makes the
+    shared context's term() at exit wait for it forever)."""
+    sock, mon = dealer(url, server_key, pair)
+    try:
+        yield sock, mon
+    finally:
+        close(sock, mon)
+
+
 def close(sock: zmq.Socket, mon: zmq.Socket) -> None:
     # the monitor is stopped before the socket closes: closing a monitored socket first leaves
     # libzmq unable to reap any socket of the context closed afterwards (each keeps its fds)
@@ -114,11 +127,16 @@ def close(sock: zmq.Socket, mon: zmq.Socket) -> None:
     sock.close(0)
 
 
-def monitor_events(mon: zmq.Socket) -> set[int]:
+def monitor_events(mon: zmq.Socket, until: int | None = None) -> set[int]:
+    """The events the monitor has queued; with ``until``, first waits for that one (an event that
+    comes once the handshake has run, however busy the machine), up to READY_S."""
     seen = set()
-    while mon.poll(0):
+    deadline = time.monotonic() + READY_S
+    while True:
+        waiting = until is not None and until not in seen
+        if not mon.poll(max(int((deadline - time.monotonic()) * 1000), 0) if waiting else 0):
+            return seen
         seen.add(int.from_bytes(mon.recv_multipart()[0][:2], "little"))
-    return seen
 
 
 HELLO = [msgpack.packb({"v": 1, "t": "hello", "id": 3})]
@@ -129,7 +147,7 @@ HELLO = [msgpack.packb({"v": 1, "t": "hello", "id": 3})]
 def test_keys_command_writes_private_key_files(tmp_path):
     d = tmp_path / "keys"
     r = subprocess.run([PY, "-m", "fusion_shim", "keys", str(d), "--client", "alice", "--client", "bob"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr
     assert "--keys" in r.stdout and "FUSION_SHIM_CLIENT_KEYS=" in r.stdout
     files = sorted(p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_file())
@@ -195,13 +213,12 @@ def test_authentication_matrix(keys, curve_worker):
     wrong_server_pub = auth.load_public(str(other / "server.key"))
 
     # a listed client: answered
-    sock, mon = dealer(curve_worker.url, server_pub, alice)
-    sock.send_multipart(HELLO)
-    assert sock.poll(60000), "the listed client got no answer"
-    header, _ = wire.decode(sock.recv_multipart())
-    assert header["t"] == "ready" and header["id"] == 3
-    assert zmq.EVENT_HANDSHAKE_SUCCEEDED in monitor_events(mon)
-    close(sock, mon)
+    with dealt(curve_worker.url, server_pub, alice) as (sock, mon):
+        sock.send_multipart(HELLO)
+        assert sock.poll(REPLY_MS), "the listed client got no answer"
+        header, _ = wire.decode(sock.recv_multipart())
+        assert header["t"] == "ready" and header["id"] == 3
+        assert zmq.EVENT_HANDSHAKE_SUCCEEDED in monitor_events(mon, until=zmq.EVENT_HANDSHAKE_SUCCEEDED)
     assert curve_worker.dispatched == curve_worker.handled == 1
 
     refused = {
@@ -210,16 +227,17 @@ def test_authentication_matrix(keys, curve_worker):
         "wrong server key": (wrong_server_pub, alice),
     }
     for name, (server_key, pair) in refused.items():
-        sock, mon = dealer(curve_worker.url, server_key, pair)
-        for _ in range(3):
-            sock.send_multipart(HELLO)
-            sock.send_multipart([msgpack.packb({"v": 1, "t": "call", "id": 4, "op": "matmul"}), b"\0" * 8])
-        assert not sock.poll(1500), f"{name}: the worker answered"
-        seen = monitor_events(mon)
-        assert zmq.EVENT_HANDSHAKE_SUCCEEDED not in seen, (name, seen)
-        if name == "unknown key":
-            assert zmq.EVENT_HANDSHAKE_FAILED_AUTH in seen, seen  # the ZAP handler said no
-        close(sock, mon)
+        with dealt(curve_worker.url, server_key, pair) as (sock, mon):
+            for _ in range(3):
+                sock.send_multipart(HELLO)
+                sock.send_multipart([msgpack.packb({"v": 1, "t": "call", "id": 4, "op": "matmul"}), b"\0" * 8])
+            # the ZAP handler's no, waited for: the handshake has surely run before the silence counts
+            seen = monitor_events(mon, until=zmq.EVENT_HANDSHAKE_FAILED_AUTH) if name == "unknown key" else set()
+            assert not sock.poll(1500), f"{name}: the worker answered"
+            seen |= monitor_events(mon)
+            assert zmq.EVENT_HANDSHAKE_SUCCEEDED not in seen, (name, seen)
+            if name == "unknown key":
+                assert zmq.EVENT_HANDSHAKE_FAILED_AUTH in seen, seen  # the ZAP handler said no
         assert curve_worker.dispatched == curve_worker.handled == 1, f"{name}: frames reached the dispatcher"
 
 
@@ -227,9 +245,9 @@ def test_shim_over_curve(keys, curve_worker):
     d, other = keys
     a = np.random.default_rng(1).standard_normal((64, 64))
     want = a @ a
-    rt = fusion_shim.install(policy="remote", worker=curve_worker.url, quiet=True, timeout=30.0, ready_timeout=60.0,
+    rt = fusion_shim.install(policy="remote", worker=curve_worker.url, quiet=True, timeout=30.0, ready_timeout=READY_S,
                              server_key=str(d / "server.key"), client_keys=str(d / "alice.key_secret"))
-    assert rt.link.wait_ready(60), rt.ledger.events
+    assert rt.link.wait_ready(READY_S), rt.ledger.events
     np.testing.assert_allclose(np.matmul(a, a), want)
     assert rt.ledger.records[-1].kind == "worker"
     fusion_shim.uninstall()
@@ -256,7 +274,7 @@ def test_launcher_flags_over_curve(keys, curve_worker, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
     r = subprocess.run([PY, "-m", "fusion_shim", "--policy", "remote", "--worker", curve_worker.url, "--quiet",
                         "--server-key", str(d / "server.key"), "--client-keys", str(d / "alice.key_secret"),
-                        "--report", str(report), str(app)], capture_output=True, text=True, timeout=120, env=env)
+                        "--report", str(report), str(app)], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr
     a = np.arange(64.0 * 64).reshape(64, 64) / 4096
     assert float(r.stdout) == pytest.approx(float((a @ a).sum()), rel=1e-12)
@@ -299,10 +317,10 @@ def test_network_bind_needs_keys_or_insecure(keys, tmp_path):
     (leaky / "server.key_secret").chmod(0o644)
     (leaky / "authorized").mkdir()
     r = subprocess.run([PY, "-m", "fusion_shim", "worker", "--bind", url, "--device", "cpu", "--keys", str(leaky)],
-                       capture_output=True, text=True, timeout=60, env={**os.environ, "FUSION_SHIM": "0"})
+                       capture_output=True, text=True, timeout=600, env={**os.environ, "FUSION_SHIM": "0"})
     assert r.returncode == 2 and "readable by others" in r.stderr, r.stderr
     r = subprocess.run([PY, "-m", "fusion_shim", "worker", "--bind", url, "--keys", str(d), "--insecure"],
-                       capture_output=True, text=True, timeout=60)
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 2 and "exclude each other" in r.stderr
 
 
@@ -326,56 +344,54 @@ def test_message_size_limit_at_the_socket(keys):
     try:
         pair = auth.load_pair(str(d / "alice.key_secret"))
         server_pub = auth.load_public(str(d / "server.key"))
-        sock, mon = dealer(w.url, server_pub, pair)
-        sock.send_multipart(HELLO)
-        assert sock.poll(60000)
-        sock.recv_multipart()
-        assert w.dispatched == 1
-        # one frame over MAXMSGSIZE: the socket drops the connection; nothing is buffered or dispatched
-        big = np.zeros((1 << 20) // 8 + 1024)
-        sock.send_multipart(wire.encode({"t": "call", "id": 5, "op": "matmul"}, [big]))
-        assert not sock.poll(1500)
-        assert zmq.EVENT_DISCONNECTED in monitor_events(mon)
-        assert w.dispatched == 1
-        close(sock, mon)
+        with dealt(w.url, server_pub, pair) as (sock, mon):
+            sock.send_multipart(HELLO)
+            assert sock.poll(REPLY_MS)
+            sock.recv_multipart()
+            assert w.dispatched == 1
+            # one frame over MAXMSGSIZE: the socket drops the connection; nothing is buffered or dispatched
+            big = np.zeros((1 << 20) // 8 + 1024)
+            sock.send_multipart(wire.encode({"t": "call", "id": 5, "op": "matmul"}, [big]))
+            assert not sock.poll(1500)
+            assert zmq.EVENT_DISCONNECTED in monitor_events(mon, until=zmq.EVENT_DISCONNECTED)
+            assert w.dispatched == 1
         # frames under the socket's limit but over the budget together: an error reply, no allocation
-        sock, mon = dealer(w.url, server_pub, pair)
-        half = np.zeros((1 << 20) // 8 // 2 + 16)
-        sock.send_multipart(wire.encode({"t": "call", "id": 6, "op": "matmul", "params": {"cdtype": "<f8"},
-                                         "layouts": ["C"], "results": []}, [half, half]))
-        assert sock.poll(10000)
-        header, _ = wire.decode(sock.recv_multipart())
-        assert header["t"] == "error" and "over the limit" in header["msg"], header
-        # declared results over the budget: refused before the kernel runs
-        small = np.ones((4, 4))
-        sock.send_multipart(wire.encode({"t": "call", "id": 7, "op": "matmul", "params": {"cdtype": "<f8"},
-                                         "layouts": ["C"], "results": [{"dtype": "<f8", "shape": [1 << 18, 1]}]},
-                                        [small, small]))
-        assert sock.poll(10000)
-        header, _ = wire.decode(sock.recv_multipart())
-        assert header["t"] == "error" and "declared results need" in header["msg"], header
-        # an FFT size that does not fit the declared results: refused before the kernel runs
-        x = np.ones(16, dtype=np.complex128)
-        sock.send_multipart(wire.encode({"t": "call", "id": 8, "op": "fft.fft1",
-                                         "params": {"cdtype": "<c16", "n": 1 << 40, "axis": -1, "norm": None,
-                                                    "kind": "fft"},
-                                         "layouts": ["C"], "results": [{"dtype": "<c16", "shape": [16]}]}, [x]))
-        assert sock.poll(10000)
-        header, _ = wire.decode(sock.recv_multipart())
-        assert header["t"] == "error" and "does not fit the declared results" in header["msg"], header
-        # too many frames
-        sock.send_multipart([msgpack.packb({"v": 1, "t": "call", "id": 9})] + [b"\0" * 8] * wire.MAX_FRAMES)
-        assert sock.poll(10000)
-        header, _ = wire.decode(sock.recv_multipart())
-        assert header["t"] == "error" and "frames, over the limit" in header["msg"], header
-        # a kernel whose results differ from the declared ones: an error, never sent
-        sock.send_multipart(wire.encode({"t": "call", "id": 10, "op": "matmul", "params": {"cdtype": "<f8"},
-                                         "layouts": ["C"], "results": [{"dtype": "<f8", "shape": [4, 5]}]},
-                                        [small, small]))
-        assert sock.poll(10000)
-        header, arrays = wire.decode(sock.recv_multipart())
-        assert header["t"] == "error" and header["exc"] == "ResultMismatch" and arrays == [], header
-        close(sock, mon)
+        with dealt(w.url, server_pub, pair) as (sock, mon):
+            half = np.zeros((1 << 20) // 8 // 2 + 16)
+            sock.send_multipart(wire.encode({"t": "call", "id": 6, "op": "matmul", "params": {"cdtype": "<f8"},
+                                             "layouts": ["C"], "results": []}, [half, half]))
+            assert sock.poll(REPLY_MS)
+            header, _ = wire.decode(sock.recv_multipart())
+            assert header["t"] == "error" and "over the limit" in header["msg"], header
+            # declared results over the budget: refused before the kernel runs
+            small = np.ones((4, 4))
+            sock.send_multipart(wire.encode({"t": "call", "id": 7, "op": "matmul", "params": {"cdtype": "<f8"},
+                                             "layouts": ["C"], "results": [{"dtype": "<f8", "shape": [1 << 18, 1]}]},
+                                            [small, small]))
+            assert sock.poll(REPLY_MS)
+            header, _ = wire.decode(sock.recv_multipart())
+            assert header["t"] == "error" and "declared results need" in header["msg"], header
+            # an FFT size that does not fit the declared results: refused before the kernel runs
+            x = np.ones(16, dtype=np.complex128)
+            sock.send_multipart(wire.encode({"t": "call", "id": 8, "op": "fft.fft1",
+                                             "params": {"cdtype": "<c16", "n": 1 << 40, "axis": -1, "norm": None,
+                                                        "kind": "fft"},
+                                             "layouts": ["C"], "results": [{"dtype": "<c16", "shape": [16]}]}, [x]))
+            assert sock.poll(REPLY_MS)
+            header, _ = wire.decode(sock.recv_multipart())
+            assert header["t"] == "error" and "does not fit the declared results" in header["msg"], header
+            # too many frames
+            sock.send_multipart([msgpack.packb({"v": 1, "t": "call", "id": 9})] + [b"\0" * 8] * wire.MAX_FRAMES)
+            assert sock.poll(REPLY_MS)
+            header, _ = wire.decode(sock.recv_multipart())
+            assert header["t"] == "error" and "frames, over the limit" in header["msg"], header
+            # a kernel whose results differ from the declared ones: an error, never sent
+            sock.send_multipart(wire.encode({"t": "call", "id": 10, "op": "matmul", "params": {"cdtype": "<f8"},
+                                             "layouts": ["C"], "results": [{"dtype": "<f8", "shape": [4, 5]}]},
+                                            [small, small]))
+            assert sock.poll(REPLY_MS)
+            header, arrays = wire.decode(sock.recv_multipart())
+            assert header["t"] == "error" and header["exc"] == "ResultMismatch" and arrays == [], header
     finally:
         w.close()
 
@@ -442,7 +458,7 @@ h, arrs = wire.decode(b.recv_multipart(copy=False))
 assert arrs[0].sum() == 90000
 print(sorted(m for m in ("pickle", "_pickle", "cloudpickle", "dill", "copyreg", "shelve") if m in sys.modules and m not in before))
 """
-    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60,
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=300,
                        env={k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")})
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]", r.stdout

@@ -19,10 +19,11 @@ import numpy as np
 import pytest
 
 import fusion_shim
-from conftest import last_record
 from fusion_shim.protocol import wire
 from fusion_shim.config import Config, ConfigError
 from fusion_shim.transport import Channel, shm, shm_client
+
+from tests.helpers.shims import READY_S, last_record
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="no /dev/shm on this machine")
 
@@ -43,7 +44,7 @@ def every_buffer_on_shm(monkeypatch):
 def test_result_is_a_writable_view_on_a_segment_that_is_reused(inproc_worker):
     rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True)
     try:
-        assert rt.link.wait_ready(30)
+        assert rt.link.wait_ready(READY_S)
         pool = rt.link.shm()
         a, b = np.random.default_rng(0).standard_normal((2, 256, 256))
         c = np.matmul(a, b)
@@ -71,7 +72,7 @@ def test_result_is_a_writable_view_on_a_segment_that_is_reused(inproc_worker):
 def test_shm_off_by_config(inproc_worker):
     rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True, shm="0")
     try:
-        assert rt.link.wait_ready(30)
+        assert rt.link.wait_ready(READY_S)
         a = np.ones((256, 256))
         np.matmul(a, a)
         rec = last_record(rt)
@@ -159,7 +160,10 @@ def _worker_stats(url):
         chan.close()
 
 
-def _wait(cond, seconds=10.0):
+WAIT_S = 120.0  # for something that surely happens: a deadline only a broken run reaches
+
+
+def _wait(cond, seconds=WAIT_S):
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if cond():
@@ -171,28 +175,33 @@ def _wait(cond, seconds=10.0):
 CLIENT = textwrap.dedent("""
     import sys, numpy as np, fusion_shim
     rt = fusion_shim.install(policy="remote", worker=sys.argv[1], quiet=True, timeout=60)
-    assert rt.link.wait_ready(60)
+    assert rt.link.wait_ready(600)
     a = np.ones((512, 512))
     kept = np.matmul(a, a)          # a result the program holds, on a segment
     b = np.ones((600, 600))         # another size: new segments, their names still in /dev/shm
     print("calling", flush=True)
-    np.matmul(b, b)                 # the worker holds this one (--delay): killed meanwhile
+    while True:                     # the worker holds each one (--delay): killed during one,
+        np.matmul(b, b)             # however late the test, busy with others, looks
 """)
 
 
 def test_sigkill_of_the_client_leaves_no_segment(tmp_path):
     url, worker = _start_worker(tmp_path, "--delay", "1.5")
+    client = None
     try:
         client = subprocess.Popen([sys.executable, "-c", CLIENT, url], stdout=subprocess.PIPE, text=True)
         assert client.stdout.readline().strip() == "calling"
-        assert _wait(lambda: len(names_of(client.pid)) >= 3, 5), "the call's segments never appeared"
+        assert _wait(lambda: len(names_of(client.pid)) >= 3, WAIT_S), "the call's segments never appeared"
         client.send_signal(signal.SIGKILL)
         client.wait()
         assert names_of(client.pid), "nothing to clean: the test did not catch the window it is about"
-        assert _wait(lambda: not names_of(client.pid), 10), f"left behind: {names_of(client.pid)}"
+        assert _wait(lambda: not names_of(client.pid), WAIT_S), f"left behind: {names_of(client.pid)}"
         stats = _worker_stats(url)
         assert stats["shm_live"] == 0 and stats["shm_swept"] >= 3, stats  # its mappings are gone too
     finally:
+        if client is not None and client.poll() is None:
+            client.kill()
+            client.wait()
         worker.kill()
         worker.wait()
 
@@ -201,7 +210,7 @@ def test_sigkill_of_the_worker_leaves_no_segment(tmp_path):
     url, worker = _start_worker(tmp_path, "--delay", "0.5")
     rt = fusion_shim.install(policy="remote", worker=url, quiet=True, timeout=2.0)
     try:
-        assert rt.link.wait_ready(60)
+        assert rt.link.wait_ready(READY_S)
         a = np.random.default_rng(1).standard_normal((256, 256))
         np.matmul(a, a)
         assert last_record(rt).kind == "worker" and last_record(rt).shm_sent > 0
@@ -227,7 +236,7 @@ def test_embedded_worker_sweeps_its_dead_client(tmp_path):
         import numpy as np, fusion_shim
         from fusion_shim.transport import shm
         rt = fusion_shim.install(policy="remote", quiet=True)
-        assert rt.link.wait_ready(60) and rt.link.shm() is not None
+        assert rt.link.wait_ready(600) and rt.link.shm() is not None
         np.matmul(np.ones((256, 256)), np.ones((256, 256)))
         seg = rt.link.shm().acquire("i", 1 << 20)   # created, never sent: its name is still there
         print(rt.link.proc.pid, flush=True)
@@ -238,8 +247,8 @@ def test_embedded_worker_sweeps_its_dead_client(tmp_path):
     assert names_of(client.pid), "the test segment is missing"
     client.send_signal(signal.SIGKILL)
     client.wait()
-    assert _wait(lambda: not names_of(client.pid), 10), f"left behind: {names_of(client.pid)}"
-    assert _wait(lambda: shm.proc_start(worker_pid) is None, 10), "the embedded worker outlived its client"
+    assert _wait(lambda: not names_of(client.pid), WAIT_S), f"left behind: {names_of(client.pid)}"
+    assert _wait(lambda: shm.proc_start(worker_pid) is None, WAIT_S), "the embedded worker outlived its client"
 
 
 def test_a_new_client_sweeps_names_of_dead_owners():
@@ -274,7 +283,7 @@ def test_a_forked_child_does_not_write_into_the_parents_result(inproc_worker, mo
     fork: the child gets private copies at the same addresses (transport.shm._privatize_after_fork)."""
     rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True)
     try:
-        assert rt.link.wait_ready(30)
+        assert rt.link.wait_ready(READY_S)
         c = np.matmul(np.ones((256, 256)), np.ones((256, 256)))
         assert isinstance(c.base, shm._Lease)
 

@@ -10,7 +10,8 @@ import pytest
 import fusion_shim
 from fusion_shim.transport import shm, shm_client
 
-import test_differential as diff  # its table, builders and checks
+from tests import test_differential as diff
+from tests.helpers.shims import CALL_TIMEOUT_S, install  # its table, builders and checks
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="no /dev/shm on this machine")
 
@@ -20,8 +21,7 @@ pytestmark = pytest.mark.skipif(not shm.available(), reason="no /dev/shm on this
 @pytest.fixture(scope="module")
 def shm_shim(inproc_worker):
     old, shm_client.MIN_BYTES = shm_client.MIN_BYTES, 0  # every buffer through shared memory, even 8 bytes
-    rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True, timeout=30.0)
-    assert rt.link.wait_ready(60), rt.ledger.events
+    rt = install(inproc_worker, timeout=CALL_TIMEOUT_S)
     assert rt.link.shm() is not None, f"shared memory was not negotiated: {rt.ledger.events}"
     yield rt
     fusion_shim.uninstall()

@@ -1,6 +1,6 @@
 import numpy as np
 
-from conftest import last_record
+from tests.helpers.shims import last_record
 
 
 def test_matmul_goes_to_worker(shim):

@@ -15,7 +15,8 @@ import tempfile
 import pytest
 
 import fusion_shim
-from test_hypothesis_catalog import RECORDS, STRATEGIES, run_row
+from tests.helpers.shims import CALL_TIMEOUT_S, READY_S, install
+from tests.test_hypothesis_catalog import RECORDS, STRATEGIES, run_row
 
 EXAMPLES = 6  # per row: 73 rows -> 438 calls over the socket
 
@@ -41,8 +42,7 @@ def socket_worker():
 def shim(socket_worker):
     proc, url = socket_worker
     # the socket lane: every buffer crosses ZeroMQ (shared memory, issue 9, is tests/test_shm_differential.py)
-    rt = fusion_shim.install(policy="remote", worker=url, quiet=True, timeout=30.0, ready_timeout=60.0, shm="0")
-    assert rt.link.wait_ready(60), f"worker subprocess never became ready: {rt.ledger.events}"
+    rt = install(url, timeout=CALL_TIMEOUT_S, ready_timeout=READY_S, shm="0")
     assert rt.link.info.get("pid") == proc.pid, "answered by some other worker"
     yield rt
     fusion_shim.uninstall()

@@ -9,17 +9,13 @@ from __future__ import annotations
 import pytest
 
 import fusion_shim
-from test_hypothesis_catalog import RECORDS, STRATEGIES, run_row
+from tests.helpers.shims import shim_fixture
+from tests.test_hypothesis_catalog import RECORDS, STRATEGIES, run_row
 
 EXAMPLES = 8
 
 
-@pytest.fixture(scope="module")
-def shim(inproc_worker):
-    rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True, timeout=30.0, verify=1.0)
-    assert rt.link.wait_ready(60), f"in-process worker never became ready: {rt.ledger.events}"
-    yield rt
-    fusion_shim.uninstall()
+shim = shim_fixture(scope="module", verify=1.0)
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))

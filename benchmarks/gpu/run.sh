@@ -48,9 +48,10 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 for v in $(env | grep -o '^FUSION_SHIM[A-Z_]*' || true); do unset "$v"; done
 case "$DEVICE" in cuda*) export NUMBA_ENABLE_CUDASIM=0 ;; *) export NUMBA_ENABLE_CUDASIM=1 ;; esac
 
-# step NAME LIMIT_S CMD...: run one step, its output into run.log, its status into steps.tsv
+# step NAME LIMIT_S CMD...: run one step, its output into run.log, its status into steps.tsv;
+# STEP_LIMIT_SCALE (default 1) multiplies every limit: the CPU dry run on a busy machine sets it
 step() {
-  local name="$1" limit="$2"; shift 2
+  local name="$1" limit="$(( $2 * ${STEP_LIMIT_SCALE:-1} ))"; shift 2
   local t=$(date +%s)
   echo "=== $name (limit ${limit}s): $*" >> "$LOG"
   timeout --kill-after=10 "$limit" "$@" >> "$LOG" 2>&1
@@ -110,7 +111,7 @@ PYTEST=("$PYTHON" -m pytest -q -p no:cacheprovider -o addopts= -W "ignore::Depre
 left() { local l=$(( 470 - ($(date +%s) - T0) )); [ "$l" -lt 60 ] && l=60; echo "$l"; }
 if [ "$QUICK" = 1 ]; then
   step fidelity 60 "${PYTEST[@]}" tests/test_gpu_fidelity.py --junitxml="$WORK/fidelity.xml"
-  step workloads 60 "$PYTHON" benchmarks/gpu/workloads.py --device "$DEVICE" --quick --timeout 30 --out "$OUT/workloads.json"
+  step workloads 60 "$PYTHON" benchmarks/gpu/workloads.py --device "$DEVICE" --quick --timeout "$(( 30 * ${STEP_LIMIT_SCALE:-1} ))" --out "$OUT/workloads.json"
   export FUSION_DIFF_DEVICE="$DEVICE"
   step diff 60 "${PYTEST[@]}" tests/test_differential.py --junitxml="$WORK/diff.xml" \
     -k "matmul-2d-float64-C or solve-2d-float64-C or fft-1d-complex128-C or bincount-weights-int64-C or convolve-full-float64-C or interp-2d_x-float64-C"

@@ -47,7 +47,7 @@ ACTIONS = {"on_receive": ("kill", "stop", "drop"), "in_kernel": ("kill", "stop",
            "before_reply": ("kill", "stop", "drop"), "mid_reply": ("kill", "stop"),
            "after_reply": ("kill", "stop")}
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(HERE))
 
 
 # -- the worker -------------------------------------------------------------------------------------
@@ -385,6 +385,8 @@ def fault_run(directory: str, n_calls: int, *, seed: int, rate: float, timeout: 
     import fusion_shim
     from fusion_shim.client import link as runtime
 
+    from .shims import READY_S
+
     runtime_reprobe = runtime.REPROBE_MAX_S
     runtime.REPROBE_MAX_S = 0.1  # TEST SETTING: a faulted worker is asked again within 0.1 s
     cases = make_cases(n_calls, seed)  # before the shim: the expected answers are NumPy's own
@@ -394,7 +396,7 @@ def fault_run(directory: str, n_calls: int, *, seed: int, rate: float, timeout: 
         # TEST SETTING: the random kills here are not the op's fault; CRASH_LIMIT is tested on its own
         rt.checks.crash_limit = 10**9
         lab.armed = rt.link.ready.is_set
-        assert rt.link.wait_ready(30), events(rt)
+        assert rt.link.wait_ready(READY_S), events(rt)
         wrong, raised, times, done, slow = [], [], [], 0, []
         started = time.monotonic()
         i = 0
@@ -455,6 +457,5 @@ def _main(argv: list[str]) -> None:
     zygote_main(opts.bind, opts.rate, opts.log, opts.delay, opts.crash_op)
 
 
-if __name__ == "__main__":
-    sys.path.insert(0, REPO)
+if __name__ == "__main__":  # the zygote; PYTHONPATH names the repository
     _main(sys.argv[1:])

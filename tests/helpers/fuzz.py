@@ -262,7 +262,7 @@ def rss_kib(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-def run_fuzz(sock: Any, pid: int, n: int, seed: int, max_bytes: int, reply_timeout_s: float = 30.0) -> dict:
+def run_fuzz(sock: Any, pid: int, n: int, seed: int, max_bytes: int, reply_timeout_s: float = 60.0) -> dict:
     """Send ``n`` mutated messages one at a time over ``sock`` (an authenticated DEALER) and judge
     every reply; returns the figures (``failures`` must be empty)."""
     base = base_messages()

@@ -1,0 +1,29 @@
+"""The environment the suite runs in, set up once, on import, by ``tests/conftest.py``.
+
+Tests never inherit a user's shim settings; what was set is kept in ``ENV_AT_START`` for the few
+tests that must honour it (``FUSION_SHIM_NATIVE=0``: a build without the C extension). Nor do
+they read or write the user's calibration cache: one fresh directory per session, inherited by
+the programs the tests launch and removed at the end. The numba.cuda kernels run under numba's
+CUDA simulator unless the differential suite targets a real GPU (``FUSION_DIFF_DEVICE=cuda``) or
+the caller chose (``NUMBA_ENABLE_CUDASIM=0``); set before anything imports numba, and inherited
+by the worker processes the tests start.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+ENV_AT_START = {k: v for k, v in os.environ.items() if k.startswith("FUSION_SHIM")}
+NATIVE_OFF = ENV_AT_START.get("FUSION_SHIM_NATIVE", "").strip().lower() in ("0", "false", "no", "off")
+for _k in ENV_AT_START:
+    del os.environ[_k]
+
+CACHE_DIR = tempfile.mkdtemp(prefix="fusion-shim-test-cache-")
+os.environ["XDG_CACHE_HOME"] = CACHE_DIR
+os.environ.setdefault("NUMBA_ENABLE_CUDASIM",
+                      "0" if os.environ.get("FUSION_DIFF_DEVICE", "cpu") != "cpu" else "1")
+
+
+def remove_cache_dir() -> None:
+    shutil.rmtree(CACHE_DIR, ignore_errors=True)

@@ -22,7 +22,7 @@ from typing import Any
 from .. import plan, transport
 from ..config import Config
 from ..ledger import Ledger
-from ..protocol import wire
+from ..protocol import messages
 from ..transport import shm as shmlane
 from . import embedded, linkprobe
 from .residency import Mirror
@@ -113,12 +113,10 @@ class WorkerLink:
             chan = transport.Channel(self.url, self.curve)
             rid = next(self._ids)
             t = time.monotonic()
-            hello = {"t": "hello", "id": rid}
             offer = self.lane.offer(self.url)  # shared memory, if the worker can map ours
-            if offer is not None:
-                hello["shm"] = offer
             try:
-                header, _ = chan.request(rid, wire.encode(hello), t + self.config.ready_timeout, self._probe_alive)
+                header, _ = chan.request(rid, messages.hello(rid, offer), t + self.config.ready_timeout,
+                                         self._probe_alive)
             finally:
                 self.lane.withdraw()
             if header["t"] == "error":
@@ -293,7 +291,7 @@ class WorkerLink:
         """One round trip, less the worker's health check (real device work)."""
         rid = next(self._ids)
         t = time.perf_counter()
-        header, _ = chan.request(rid, wire.encode({"t": "hello", "id": rid}), time.monotonic() + 5, self.watch)
+        header, _ = chan.request(rid, messages.hello(rid), time.monotonic() + 5, self.watch)
         took = time.perf_counter() - t
         health = header.get("health_s")
         return max(took - health, took / 10) if isinstance(health, float) else took
@@ -407,7 +405,7 @@ class WorkerLink:
         if names and not self.embedded and os.getpid() == self.owner:
             try:
                 rid = next(self._ids)
-                self.channel().request(rid, wire.encode({"t": "stats", "id": rid, "shm_drop": names}),
+                self.channel().request(rid, messages.stats_request(rid, names),
                                        time.monotonic() + 0.5, self.watch)
             except transport.TransportError:
                 pass  # it unmaps them when it sees this process gone

@@ -18,7 +18,7 @@ from typing import Callable
 import numpy as np
 
 from .. import transport
-from ..protocol import wire
+from ..protocol import messages, wire
 
 SMALL = 256 << 10          # bytes each way in the first transfer
 LARGE = 1 << 20            # D33: ... and in the second, when the first took under FAST_S
@@ -30,17 +30,14 @@ PINGS = 5
 def _call(chan: transport.Channel, rid: int, a: np.ndarray, b: np.ndarray, alive: Callable[[], bool] | None,
           deadline_s: float) -> tuple[float, float]:
     """(seconds from send to reply, the worker's own seconds) for one matmul."""
-    result = {"dtype": "<f8", "shape": [a.shape[0], b.shape[1]]}  # declared, as every call's
-    frames = wire.encode({"t": "call", "id": rid, "op": "matmul", "params": {"cdtype": "<f8"}, "layouts": ["C"],
-                          "results": [result]}, [a, b])
+    header = messages.call_header(rid, "matmul", {"cdtype": "<f8"}, ["C"], [("<f8", (a.shape[0], b.shape[1]))])
+    frames = wire.encode(header, [a, b])
     t = time.perf_counter()
     header, _ = chan.request(rid, frames, time.monotonic() + deadline_s, alive)
     seconds = time.perf_counter() - t
     if header.get("t") != "result":
         raise transport.BadReply(f"link probe answered with {header.get('t')!r}: {header.get('msg')}")
-    timing = header.get("timing") if isinstance(header.get("timing"), dict) else {}
-    worker = sum(float(v) for k, v in timing.items() if k == "kernel" and isinstance(v, (int, float)))
-    return seconds, worker
+    return seconds, messages.read_timing(header).phases.get("kernel", 0.0)
 
 
 def _byte_time(seconds: float, rtt: float) -> float:
@@ -63,7 +60,7 @@ def ping(chan: transport.Channel, next_id: Callable[[], int], alive: Callable[[]
     for _ in range(PINGS):
         rid = next_id()
         t = time.perf_counter()
-        chan.request(rid, wire.encode({"t": "hello", "id": rid}), time.monotonic() + deadline_s, alive)
+        chan.request(rid, messages.hello(rid), time.monotonic() + deadline_s, alive)
         rtt = min(rtt, time.perf_counter() - t)
     return rtt
 

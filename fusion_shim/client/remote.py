@@ -11,12 +11,11 @@ import numpy as np
 from .. import transport
 from ..catalog import Prepared
 from ..ledger import Record
-from ..protocol import wire
+from ..protocol import messages, wire
 from ..transport import shm as shmlane
 from .link import WorkerLink
 from .residency import Mirror, Wired
 
-WORKER_PHASES = ("h2d", "kernel", "d2h", "fingerprint")  # what a reply's ``timing`` may report
 _results: dict[str, type] = {}  # numpy.linalg's result types by name, looked up once
 
 
@@ -24,13 +23,10 @@ class WorkerFault(transport.TransportError):
     """The worker answered with an error instead of a result."""
 
 
-def call_header(rid: int, prep: Prepared) -> dict:
-    """The header of the ``call`` message for a prepared call (wire.py's docstring has the format)."""
-    # a result asked for in a permuted axis order travels transposed to it (see assemble)
-    results = [{"dtype": dt.str, "shape": [shape[i] for i in lay] if isinstance(lay, list) else list(shape)}
-               for (dt, shape), lay in zip(prep.results, prep.layouts)]
-    return {"t": "call", "id": rid, "op": prep.spec.kernel_id, "params": prep.params, "layouts": prep.layouts,
-            "results": results}
+def call_header(rid: int, prep: Prepared, keep: bool = False) -> dict:
+    """The header of the ``call`` message for a prepared call (results travel in their layouts' axes,
+    see :func:`assemble`)."""
+    return messages.call_header(rid, prep.spec.kernel_id, prep.params, prep.layouts, prep.results, keep)
 
 
 def call_message(rid: int, prep: Prepared) -> list:
@@ -45,12 +41,11 @@ def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
     phases and the residency counts."""
     chan = link.channel()
     t0 = time.perf_counter()
-    header = call_header(link.next_id(), prep)
+    header = call_header(link.next_id(), prep, keep=wired is not None)
     if wired is None:
         items, fps, refs = [wire.to_wire(a) for a in prep.arrays], None, ()
     else:
         wired.refs = wired.refs_in(link.mirror)
-        header["keep"] = True
         items, fps, refs = wired.items, wired.fps, wired.refs
     reply, arrays, t1 = _exchange(link, chan, header, items, fps, refs, prep, rec, deadline_s)
     if reply["t"] == "error" and reply.get("kind") == "missing" and wired is not None and wired.refs:
@@ -70,37 +65,34 @@ def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
     if reply["t"] != "result":
         raise transport.BadReply(f"a call answered with {reply['t']!r}")
     value = assemble(prep, arrays)
+    timing = messages.read_timing(reply)
     if wired is not None:
-        _held(link.mirror, wired, reply, arrays, rec)
+        _held(link.mirror, wired, timing, arrays, rec)
     t3 = time.perf_counter()
-    kernel_s = _phases(reply, rec, chan, link, prep, t0, t1, t2, t3)
+    kernel_s = _phases(timing, rec, chan, link, prep, t0, t1, t2, t3)
     return value, t3 - t0, kernel_s
 
 
-def _held(mirror: Mirror, wired: Wired, reply: dict, arrays: list, rec: Record) -> None:
+def _held(mirror: Mirror, wired: Wired, timing: messages.Timing, arrays: list, rec: Record) -> None:
     """What the reply says the worker now holds: the mirror follows, the record counts it."""
     rec.resident_hits = len(wired.refs)
     rec.bytes_saved = sum(wired.sizes[i] for i in wired.refs)
-    evicted = reply.get("evicted") or ()
-    rec.evictions = len(evicted)
-    mirror.discard(evicted)
-    kept = set(reply.get("kept") or ())  # the worker says which inputs it kept
+    rec.evictions = len(timing.evicted)
+    mirror.discard(timing.evicted)
     for i, fp in enumerate(wired.fps):
-        if fp in kept:
+        if fp in timing.kept:  # the worker says which inputs it kept
             mirror.add(fp, wired.sizes[i])
-    for meta, arr in zip(reply.get("arrays", ()), arrays):
-        if isinstance(meta, dict) and meta.get("fp"):
-            mirror.add(meta["fp"], arr.nbytes)
+    for fp, arr in zip(timing.result_fps, arrays):
+        if fp:
+            mirror.add(fp, arr.nbytes)
 
 
-def _phases(reply: dict, rec: Record, chan: transport.Channel, link: WorkerLink, prep: Prepared,
+def _phases(timing: messages.Timing, rec: Record, chan: transport.Channel, link: WorkerLink, prep: Prepared,
             t0: float, t1: float, t2: float, t3: float) -> float | None:
-    """The call's phases, the worker's own from its reply's ``timing``; returns its kernel seconds."""
-    timing = reply.get("timing") if isinstance(reply.get("timing"), dict) else {}
-    worker_s = {k: float(v) for k, v in timing.items() if k in WORKER_PHASES and isinstance(v, (int, float))}
-    worker_fp = worker_s.pop("fingerprint", 0.0)
+    """The call's phases, the worker's own from its reply; returns its kernel seconds."""
+    worker_s, worker_fp = timing.phases, timing.fingerprint
     rec.phases.update(worker_s)
-    if timing.get("oom_retry"):
+    if timing.oom_retry:
         link.ledger.event(f"worker ran out of memory on {prep.spec.kernel_id}; it freed its caches and the retry "
                           "succeeded")
     if worker_fp:

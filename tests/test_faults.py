@@ -115,11 +115,14 @@ def operands(seed: int, n: int = 40, m: int = 30) -> tuple[np.ndarray, np.ndarra
 
 def test_worker_never_started(sock_dir):
     rt = install(f"ipc://{sock_dir}/nobody.sock", ready_timeout=1.0)
-    t = time.monotonic()
+    took = []
     for seed in range(3):
         a, b, want = operands(seed)
+        t = time.monotonic()
         np.testing.assert_array_equal(np.matmul(a, b), want)
-    assert time.monotonic() - t < 5, "only the first call may wait, and only ready_timeout"
+        took.append(time.monotonic() - t)
+    # only the first call may wait, and only ready_timeout: the others together take less than one wait
+    assert sum(took[1:]) < 1.0, took
     recs = records(rt)
     assert [r.kind for r in recs] == ["fallback"] * 3
     assert all(r.reason.startswith("worker ") for r in recs), [r.reason for r in recs]

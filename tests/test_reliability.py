@@ -80,7 +80,8 @@ def test_stopped_external_worker_is_noticed_by_heartbeat(sock_dir, monkeypatch):
         rec = last(rt)
         assert rec.kind == "fallback" and rec.reason.startswith("WorkerLost"), rec.reason
         assert "heartbeat" in rec.reason, rec.reason
-        assert 0.2 + transport.HEARTBEAT_TIMEOUT_MS / 1000 - 0.3 < took < 0.2 + 2.0, took
+        # not the deadline's end (at least DEADLINE_FLOOR_S): the heartbeat's (load only delays it)
+        assert transport.HEARTBEAT_TIMEOUT_MS / 1000 - 0.1 < took < client_call.DEADLINE_FLOOR_S, took
 
         # resumed: the background probe finds it again
         os.kill(lab.current, signal.SIGCONT)
@@ -131,14 +132,14 @@ def test_deadline_follows_the_prediction(monkeypatch):
             np.testing.assert_allclose(np.matmul(a, a), want)
         predicted_before = device.predict(call.op, call.family, call.dtype, call.flops)[0]
         # measured: the deadline is max(floor, 20 x predicted) = 0.3 s here, far below the cap
-        worker.delay = 1.5
+        worker.delay = 5.0  # far past the 0.3 s deadline: a call that waited for it took 5 s
         t = time.monotonic()
         np.testing.assert_array_equal(np.matmul(a, a), want)
         took = time.monotonic() - t
         rec = last(rt)
         assert rec.kind == "fallback" and rec.reason.startswith("Timeout"), rec.reason
         assert "(0.3 s: predicted" in rec.reason, rec.reason
-        assert 0.3 <= took < 1.2, took
+        assert 0.3 <= took < 4.0, took
         # it took at least the deadline: the model learned the calls are slower than it thought
         assert device.predict(call.op, call.family, call.dtype, call.flops)[0] > predicted_before
     finally:

@@ -31,6 +31,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import wrapt
 
 from ..config import Config
+# loaded with the interceptor, not at exit: an import there runs exec() (dataclasses), which makes
+# CPython forget an unhandled Ctrl-C and exit with status 1 instead of by SIGINT
+from ..report import at_exit as _report_at_exit_of
 from . import native
 
 if TYPE_CHECKING:  # numpy and zmq load when numpy does, not when the bootstrap installs the hook
@@ -146,9 +149,7 @@ def on_exit(hook: Callable[["Runtime"], None]) -> None:
 
 
 def _report_at_exit(rt: "Runtime") -> None:
-    from ..report import at_exit
-
-    at_exit(rt)
+    _report_at_exit_of(rt)
 
 
 _exit_hooks.append(_report_at_exit)

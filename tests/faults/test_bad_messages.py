@@ -1,23 +1,14 @@
-"""Faults cost time, never an exception or a wrong answer, and each one shows in the report.
+"""A worker sent garbage, and one that answers garbage, a wrong result, a stray or late reply, an
+error or out of memory, or fails its health check: each call still returns NumPy's answer, recorded
+as ``fallback`` with its reason. NumPy's own errors reach the program unchanged; strict mode turns a
+fallback into FallbackError.
 
-A worker that never started, one killed between calls or during a call, garbage sent to a worker,
-a worker that answers garbage, a call that times out: each call still returns NumPy's answer, the
-ledger records it as ``fallback`` with a reason, and the worker lifecycle shows in the events.
-NumPy's own errors reach the program unchanged; strict mode turns a fallback into FallbackError.
-
-Workers run as subprocesses (``python -m fusion_shim worker``) or, where a test needs a worker
-that misbehaves on purpose, as a fake ZeroMQ ROUTER in a thread of this process.
+The worker that misbehaves on purpose is a fake ZeroMQ ROUTER in a thread of this process, or the
+real server loop with a broken kernel (tests/helpers/faultlab.py's NumPy worker).
 """
 from __future__ import annotations
 
-import json
 import os
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
-import textwrap
 import threading
 import time
 
@@ -31,251 +22,15 @@ from fusion_shim import transport
 from fusion_shim.protocol import wire
 from fusion_shim.intercept import bypassed
 
+from tests.helpers import faultlab as _faultlab
+from tests.helpers.faults import events, install, last, operands, records, rng_matrix
 from tests.helpers.shims import READY_S
-
-PY = sys.executable
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
-    env.update(extra)
-    return env
-
-
-class Workers:
-    """Worker subprocesses started by a test; every one is killed at the end."""
-
-    def __init__(self, directory: str):
-        self.dir = directory
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, name: str = "w", delay: float = 0.0) -> tuple[subprocess.Popen, str]:
-        url = f"ipc://{self.dir}/{name}.sock"
-        cmd = [PY, "-m", "fusion_shim", "worker", "--bind", url, "--device", "cpu"]
-        if delay:  # the testing worker: the same server, every call held
-            cmd = [PY, "-m", "fusion_shim.worker.testing", "--bind", url, "--device", "cpu", "--delay", str(delay)]
-        log = open(os.path.join(self.dir, f"{name}-{len(self.procs)}.log"), "ab")
-        proc = subprocess.Popen(cmd, env=clean_env(FUSION_SHIM="0"), stdin=subprocess.DEVNULL,
-                                stdout=log, stderr=log)
-        log.close()
-        self.procs.append(proc)
-        return proc, url
-
-    def close(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(10)
-
-
-@pytest.fixture
-def workers(sock_dir):
-    w = Workers(sock_dir)
-    yield w
-    w.close()
-
-
-@pytest.fixture(scope="module")
-def live_worker():
-    """One healthy worker for the tests that leave it alive."""
-    directory = tempfile.mkdtemp(prefix="fs-", dir="/tmp")
-    w = Workers(directory)
-    proc, url = w.start("live")
-    yield proc, url
-    w.close()
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 pytestmark = pytest.mark.usefixtures("no_shim_after")  # conftest: no shim before or after each test
 
 
-def install(url: str, **settings):
-    settings = {"policy": "remote", "worker": url, "quiet": True, "timeout": 10.0, "ready_timeout": READY_S,
-                **settings}
-    return fusion_shim.install(**settings)
-
-
-def records(rt, op: str = "numpy.matmul") -> list:
-    return [r for r in rt.ledger.records if r.op == op]
-
-
-def events(rt) -> str:
-    return "\n".join(text for _, text in rt.ledger.events)
-
-
-def operands(seed: int, n: int = 40, m: int = 30) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Two operands and their product, computed before any shim is installed."""
-    rng = np.random.default_rng(seed)
-    a, b = rng.standard_normal((n, m)), rng.standard_normal((m, n))
-    with bypassed():  # NumPy's own product, whatever shim is installed
-        return a, b, a @ b
-
-
-# -- (a) the worker never started -------------------------------------------------------------
-
-def test_worker_never_started(sock_dir):
-    rt = install(f"ipc://{sock_dir}/nobody.sock", ready_timeout=1.0)
-    took = []
-    for seed in range(3):
-        a, b, want = operands(seed)
-        t = time.monotonic()
-        np.testing.assert_array_equal(np.matmul(a, b), want)
-        took.append(time.monotonic() - t)
-    # only the first call may wait, and only ready_timeout: the others together take less than one wait
-    assert sum(took[1:]) < 1.0, took
-    recs = records(rt)
-    assert [r.kind for r in recs] == ["fallback"] * 3
-    assert all(r.reason.startswith("worker ") for r in recs), [r.reason for r in recs]
-    assert recs[0].phases.get("wait_ready", 0) > 0.5  # the wait is its own phase
-    assert "worker not ready" in events(rt)
-    rep = fusion_shim.report()
-    assert rep["ops"]["numpy.matmul"]["fallback"] == 3 and rep["ops"]["numpy.matmul"]["worker"] == 0
-    assert rep["worker"]["state"] == "down" and rep["worker"]["ready_after_s"] is None
-
-
-def test_worker_never_started_launcher_report(tmp_path, sock_dir):
-    prog = tmp_path / "app.py"
-    prog.write_text(textwrap.dedent("""\
-        import numpy as np
-        a = np.arange(12.0).reshape(3, 4)
-        print(np.matmul(a, a.T).tolist())
-        print(np.linalg.solve(np.eye(3) * 2, np.ones(3)).tolist())
-    """))
-    out = tmp_path / "run.json"
-    r = subprocess.run([PY, "-m", "fusion_shim", "--policy", "remote", "--worker", f"ipc://{sock_dir}/none.sock",
-                        "--report", str(out), "--quiet", str(prog)], capture_output=True, text=True,
-                       timeout=600, env=clean_env(FUSION_SHIM_READY_TIMEOUT="1"))
-    assert r.returncode == 0, r.stderr
-    a = np.arange(12.0).reshape(3, 4)
-    assert r.stdout.splitlines() == [str((a @ a.T).tolist()), str([0.5, 0.5, 0.5])]
-    rep = json.loads(out.read_text())
-    kinds = {rec["op"]: (rec["kind"], rec["reason"]) for rec in rep["records"]}
-    assert kinds["numpy.matmul"][0] == kinds["numpy.linalg.solve"][0] == "fallback"
-    assert rep["ops"]["numpy.matmul"]["reasons"]  # the reason is aggregated too
-    assert any("worker not ready" in e["what"] for e in rep["events"])
-
-
-# -- (b) the worker is killed between calls --------------------------------------------------------
-
-def test_worker_killed_between_calls_and_replaced(workers):
-    proc, url = workers.start()
-    rt = install(url, timeout=2.0)
-    assert rt.link.wait_ready(READY_S), events(rt)
-    a, b, want = operands(1)
-    np.testing.assert_allclose(np.matmul(a, b), want, rtol=1e-12)
-    assert records(rt)[-1].kind == "worker"
-
-    proc.kill()
-    proc.wait(10)
-    a, b, want = operands(2)
-    t = time.monotonic()
-    np.testing.assert_array_equal(np.matmul(a, b), want)
-    took = time.monotonic() - t
-    rec = records(rt)[-1]
-    assert rec.kind == "fallback", rec
-    # the channel's monitor saw the connection close: the call does not wait for its deadline (issue 8)
-    assert rec.reason.startswith("WorkerLost"), rec.reason
-    assert took < 2.0, took  # the deadline: a busy machine may take a while to see the close
-    assert "worker fault: WorkerLost" in events(rt)
-    assert fusion_shim.report()["ops"]["numpy.matmul"]["fallback"] == 1
-
-    # a new worker on the same address: the shim's probe finds it and calls go there again
-    workers.start()
-    assert rt.link.wait_ready(READY_S), events(rt)
-    a, b, want = operands(3)
-    np.testing.assert_allclose(np.matmul(a, b), want, rtol=1e-12)
-    assert records(rt)[-1].kind == "worker"
-
-
-# -- (c) the worker is killed during a call ---------------------------------------------------------
-
-def test_external_worker_killed_during_call(workers):
-    proc, url = workers.start(delay=2.0)
-    rt = install(url, timeout=3.0)
-    assert rt.link.wait_ready(READY_S), events(rt)  # hello is not delayed, calls are
-    killer = threading.Timer(0.5, proc.kill)
-    killer.start()
-    a, b, want = operands(4)
-    t = time.monotonic()
-    try:
-        got = np.matmul(a, b)
-    finally:
-        killer.join()
-    took = time.monotonic() - t
-    np.testing.assert_array_equal(got, want)
-    assert proc.wait(10) == -signal.SIGKILL
-    rec = records(rt)[-1]
-    # the closed connection is seen at once (issue 8), not at the 3 s deadline
-    assert rec.kind == "fallback" and rec.reason.startswith("WorkerLost"), rec
-    assert 0.5 <= took < 3.0, took  # killed at 0.5 s, seen before the deadline however busy the machine
-
-
-EMBEDDED_APP = """\
-    import json, os, signal, threading, time
-    import numpy as np
-    import fusion_shim
-
-    from fusion_shim.intercept import bypassed
-
-    rt = fusion_shim.active()
-    rng = np.random.default_rng(0)
-    a, b, c = (rng.standard_normal((64, 64)) for _ in range(3))
-    with bypassed():  # NumPy's own products, for reference
-        aa, bb, cc = a @ a, b @ b, c @ c
-    out = {"r1": bool(np.allclose(np.matmul(a, a), aa, rtol=1e-12))}
-    pid = rt.link.proc.pid
-    out["first_pid"] = pid
-    # stopped, the worker cannot answer: the next call is surely in flight when it is killed
-    os.kill(pid, signal.SIGSTOP)
-    threading.Timer(0.5, os.kill, (pid, signal.SIGKILL)).start()
-    t = time.perf_counter()
-    r2 = np.matmul(b, b)
-    out["took"] = time.perf_counter() - t
-    out["r2"] = bool(np.array_equal(r2, bb))
-    r3 = np.matmul(c, c)  # the restarted worker
-    out["r3"] = bool(np.allclose(r3, cc, rtol=1e-12))
-    out["kinds"] = [r.kind for r in rt.ledger.records]
-    out["reasons"] = [r.reason for r in rt.ledger.records]
-    out["restarts"] = rt.link.restarts
-    out["second_pid"] = rt.link.proc.pid
-    print(json.dumps(out))
-"""
-
-
-def test_embedded_worker_killed_during_call(tmp_path):
-    prog = tmp_path / "embedded.py"
-    prog.write_text(textwrap.dedent(EMBEDDED_APP))
-    report = tmp_path / "run.json"
-    r = subprocess.run([PY, "-m", "fusion_shim", "--policy", "remote", "--device", "cpu", "--quiet",
-                        "--report", str(report), str(prog)],
-                       capture_output=True, text=True, timeout=600, env=clean_env())
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout.splitlines()[-1])
-    assert out["r1"] and out["r2"] and out["r3"], out
-    # the embedded worker's process is watched: its death ends the wait at once, not after 60 s
-    assert out["took"] < 30, out  # half the 60 s deadline: the wait ended on the death, not the deadline
-    assert out["kinds"] == ["worker", "fallback", "worker"], out
-    assert out["reasons"][1].startswith("WorkerDied"), out
-    assert out["restarts"] == 1 and out["second_pid"] != out["first_pid"]
-    rep = json.loads(report.read_text())
-    assert rep["worker"]["restarts"] == 1
-    whats = [e["what"] for e in rep["events"]]
-    assert any("worker fault: WorkerDied" in w for w in whats), whats
-    assert any("restart 1" in w for w in whats), whats
-    # the restarted worker did not outlive the program
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            os.kill(out["second_pid"], 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(out["second_pid"], signal.SIGKILL)
-        pytest.fail("the embedded worker outlived its program")
-
-
-# -- (d) garbage sent to a worker -------------------------------------------------------------------
+# -- garbage sent to a worker -----------------------------------------------------------------------
 
 def _header(**fields) -> bytes:
     return msgpack.packb(fields, use_bin_type=True)
@@ -388,7 +143,7 @@ def test_garbage_to_worker_gets_error_replies(live_worker):
     assert records(rt)[-1].kind == "worker", records(rt)[-1]
 
 
-# -- (g) NumPy's own errors under policy remote ------------------------------------------------------
+# -- NumPy's own errors under policy remote ----------------------------------------------------------
 
 def test_numpy_user_errors_reach_the_program_unchanged(live_worker):
     _, url = live_worker
@@ -425,7 +180,7 @@ def test_numpy_user_errors_reach_the_program_unchanged(live_worker):
     assert records(rt)[-1].kind == "worker"
 
 
-# -- (e) a worker that answers wrongly ------------------------------------------------------------
+# -- a worker that answers wrongly ----------------------------------------------------------------
 
 class FakeWorker:
     """A ROUTER that says ``ready`` like a real worker and answers ``call`` as ``mode`` says."""
@@ -579,7 +334,7 @@ def test_replies_are_matched_by_id(fake):
         assert records(rt)[-1].kind == "worker"
 
 
-# -- (f) a call that times out -----------------------------------------------------------------------
+# -- a reply that comes too late ---------------------------------------------------------------------
 
 def test_late_reply_does_not_answer_the_next_call(fake):
     rt = install(fake.url, timeout=0.5, ready_timeout=10.0)
@@ -615,25 +370,7 @@ def test_channel_drops_replies_to_abandoned_requests(fake):
         chan.close()
 
 
-def test_timeout_with_a_slow_worker(workers):
-    proc, url = workers.start(delay=3.0)
-    rt = install(url, timeout=0.5, ready_timeout=20.0)
-    assert rt.link.wait_ready(READY_S), events(rt)
-    a, b, want = operands(8)
-    t = time.monotonic()
-    np.testing.assert_array_equal(np.matmul(a, b), want)
-    assert time.monotonic() - t < 3.0  # the worker's delay: the call did not wait for its answer
-    rec = records(rt)[-1]
-    assert rec.kind == "fallback" and "Timeout" in rec.reason, rec
-    assert "worker fault: Timeout" in events(rt)
-    # the next call, same shapes, while the worker still owes the first reply: the right answer
-    c, d, want2 = operands(9)
-    np.testing.assert_array_equal(np.matmul(c, d), want2)
-    assert records(rt)[-1].kind == "fallback"
-    assert proc.poll() is None
-
-
-# -- (h) strict mode ------------------------------------------------------------------------------------
+# -- strict mode ----------------------------------------------------------------------------------------
 
 def test_strict_mode_turns_a_fallback_into_an_error(fake, sock_dir):
     from fusion_shim.errors import FallbackError
@@ -663,24 +400,105 @@ def test_strict_mode_turns_a_fallback_into_an_error(fake, sock_dir):
         np.matmul(a.tolist(), b)
 
 
-def test_a_dropped_connection_whose_worker_process_is_exiting_is_reported_as_its_death(monkeypatch):
-    """A killed worker closes its sockets before its exit can be reaped: the connection's drop can be
-    seen first. Where this process watches the worker, a drop followed within moments by its exit is
-    WorkerDied (the report's reason: the embedded worker-killed test read "lost" once in CI); a drop
-    alone, with no process watched or one still running, stays WorkerLost."""
-    from fusion_shim import transport
+# -- out of memory (SIMULATED: the backend raises torch's OutOfMemoryError) ------------------------------
 
-    url = f"inproc://fusion-shim-tests-nobody-{os.getpid()}"
-    chan = transport.Channel(url)
+def test_out_of_memory_is_retried_once_then_runs_locally():
+    import torch
+
+    from fusion_shim.worker import serve_in_thread
+
+    worker = _faultlab.numpy_worker()
+    backend = worker.backend
+    run = backend.run
+    state = {"fail": 0, "freed": 0}
+
+    def flaky_run(*args):
+        if state["fail"]:
+            state["fail"] -= 1
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)")
+        return run(*args)
+
+    def free_memory():
+        state["freed"] += 1
+
+    backend.run, backend.free_memory = flaky_run, free_memory
+    url = f"inproc://oom-{os.getpid()}"
+    thread, stop = serve_in_thread(url, worker=worker)
+    a = rng_matrix(6)
+    want = a @ a
     try:
-        monkeypatch.setattr(chan, "_events", lambda data_only=False: None)
-        monkeypatch.setattr(chan, "_problem", lambda mark: transport.WorkerLost("connection lost"))
-        checks = iter([True, True, True, False])  # alive at the slice's check, gone a moment later
-        with pytest.raises(transport.WorkerDied):
-            chan._wait(1, time.monotonic() + 5, lambda: next(checks, False), 0)
-        with pytest.raises(transport.WorkerLost):
-            chan._wait(1, time.monotonic() + 5, lambda: True, 0)
-        with pytest.raises(transport.WorkerLost):
-            chan._wait(1, time.monotonic() + 5, None, 0)
+        rt = fusion_shim.install(policy="remote", worker=url, quiet=True, timeout=20.0, ready_timeout=10.0)
+        assert rt.link.wait_ready(READY_S), events(rt)
+        state["fail"] = 1  # the retry after freeing succeeds
+        np.testing.assert_allclose(np.matmul(a, a), want)
+        rec = last(rt)
+        assert rec.kind == "worker" and state["freed"] == 1, (rec, state)
+        assert "retry succeeded" in events(rt)
+        state["fail"] = 2  # the retry fails too: an error reply, and the call runs here
+        np.testing.assert_allclose(np.matmul(a, a), want)
+        rec = last(rt)
+        assert rec.kind == "fallback" and "(out_of_memory)" in rec.reason, rec.reason
+        assert state["freed"] == 2 and state["fail"] == 0
+        # an error reply is about that call: the worker stays ready and takes the next one
+        np.testing.assert_allclose(np.matmul(a, a), want)
+        assert last(rt).kind == "worker"
     finally:
-        chan.close()
+        fusion_shim.uninstall()
+        stop.set()
+        thread.join(5)
+
+
+def test_out_of_memory_detection():
+    import torch
+
+    from fusion_shim.worker.server import _is_oom
+
+    assert _is_oom(torch.cuda.OutOfMemoryError("CUDA out of memory"))
+    assert _is_oom(MemoryError())
+    assert _is_oom(RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory"))
+    assert not _is_oom(RuntimeError("linalg.inv: The diagonal element 2 is zero"))
+
+
+# -- the health probe does device work --------------------------------------------------------------------
+
+def test_health_probe_catches_a_worker_that_computes_wrong():
+    import msgpack
+    import zmq
+
+    from fusion_shim.protocol import wire
+    from fusion_shim.worker import serve_in_thread
+
+    worker = _faultlab.numpy_worker()
+    good = worker.kernels["matmul"]
+    worker.kernels["matmul"] = lambda t, p: [good(t, p)[0] + 1e-9]  # SIMULATED silently broken device
+    url = f"inproc://sick-{os.getpid()}"
+    thread, stop = serve_in_thread(url, worker=worker)
+    try:
+        sock = transport.context().socket(zmq.DEALER)
+        sock.connect(url)
+        sock.send(msgpack.packb({"v": 1, "t": "hello", "id": 5}))
+        assert sock.poll(10000)
+        header, _ = wire.decode(sock.recv_multipart())
+        assert header["t"] == "error" and header["kind"] == "unhealthy" and header["id"] == 5, header
+        assert "health check" in header["msg"]
+
+        a = rng_matrix(7)
+        with bypassed():
+            want = a @ a
+        rt = fusion_shim.install(policy="remote", worker=url, quiet=True, timeout=5.0, ready_timeout=1.0)
+        assert not rt.link.wait_ready(1.5)
+        np.testing.assert_array_equal(np.matmul(a, a), want)  # computed here, right
+        assert last(rt).kind == "fallback"
+        assert "unhealthy" in events(rt), events(rt)
+
+        worker.kernels["matmul"] = good  # repaired: the background probe finds a healthy worker
+        assert rt.link.wait_ready(READY_S), events(rt)
+        sock.send(msgpack.packb({"v": 1, "t": "hello", "id": 6}))
+        assert sock.poll(10000)
+        header, _ = wire.decode(sock.recv_multipart())
+        assert header["t"] == "ready" and header["health_s"] > 0
+        sock.close(0)
+    finally:
+        fusion_shim.uninstall()
+        stop.set()
+        thread.join(5)

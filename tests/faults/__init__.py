@@ -1,0 +1,1 @@
+"""Faults: what each costs, never an exception or a wrong answer, and where it shows."""

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
-from tests import test_fuzz  # noqa: E402
+from tests.protocol import test_fuzz  # noqa: E402
 
 N = int(os.environ.get("FUZZ_MESSAGES", "10000"))
 

@@ -2,7 +2,7 @@
 # The prepared GPU run (issue 9): one script for the GPU machine, and the same script as a CI dry run.
 #
 #   OUT=/some/dir bash benchmarks/gpu/run.sh                      # on the GPU machine: cuda:0, full size
-#   OUT=/tmp/dry  bash benchmarks/gpu/run.sh --device cpu --quick # CI (tests/test_gpu_script.py), < 60 s
+#   OUT=/tmp/dry  bash benchmarks/gpu/run.sh --device cpu --quick # CI (tests/benchmarks/test_gpu_script.py), < 60 s
 #
 # Steps, each with its own time limit so that the whole run ends inside 8 minutes, each recorded with
 # its exit status whether it passed, failed or timed out (a failed step never stops the others):
@@ -10,10 +10,10 @@
 #   deps       pyzmq from the carried wheels in .whl/ when python cannot import zmq (benchmarks/gpu/README.md)
 #   install    the project on PYTHONPATH (a checkout, no build needed)
 #   native     python setup.py build_ext --inplace, where native/ exists (issue 3); a failure is recorded
-#   fidelity   tests/test_gpu_fidelity.py: TF32 off, float64 in float64 (CPU and CUDA workers)
+#   fidelity   tests/worker/test_gpu_fidelity.py: TF32 off, float64 in float64 (CPU and CUDA workers)
 #   workloads  benchmarks/gpu/workloads.py: power, matmul_chain, fft, decomp under local/remote/auto
 #   shm        benchmarks/bench_shm.py: the same-host 64 MiB round trip vs memcpy (full runs only)
-#   diff       tests/test_differential.py with the worker on --device: every catalog row, the numba
+#   diff       tests/catalog/test_differential.py with the worker on --device: every catalog row, the numba
 #              rows on the GPU through numba-cuda (the simulator only with --device cpu); last, with
 #              the time that is left (at least 60 s; its progress is in run.log if it is cut short)
 # Writes to $OUT (at most 8 files): results.json (everything, machine-readable), summary.txt,
@@ -110,18 +110,18 @@ EOF
 PYTEST=("$PYTHON" -m pytest -q -p no:cacheprovider -o addopts= -W "ignore::DeprecationWarning")
 left() { local l=$(( 470 - ($(date +%s) - T0) )); [ "$l" -lt 60 ] && l=60; echo "$l"; }
 if [ "$QUICK" = 1 ]; then
-  step fidelity 60 "${PYTEST[@]}" tests/test_gpu_fidelity.py --junitxml="$WORK/fidelity.xml"
+  step fidelity 60 "${PYTEST[@]}" tests/worker/test_gpu_fidelity.py --junitxml="$WORK/fidelity.xml"
   step workloads 60 "$PYTHON" benchmarks/gpu/workloads.py --device "$DEVICE" --quick --timeout "$(( 30 * ${STEP_LIMIT_SCALE:-1} ))" --out "$OUT/workloads.json"
   export FUSION_DIFF_DEVICE="$DEVICE"
-  step diff 60 "${PYTEST[@]}" tests/test_differential.py --junitxml="$WORK/diff.xml" \
+  step diff 60 "${PYTEST[@]}" tests/catalog/test_differential.py --junitxml="$WORK/diff.xml" \
     -k "matmul-2d-float64-C or solve-2d-float64-C or fft-1d-complex128-C or bincount-weights-int64-C or convolve-full-float64-C or interp-2d_x-float64-C"
   unset FUSION_DIFF_DEVICE
 else
-  step fidelity 120 "${PYTEST[@]}" tests/test_gpu_fidelity.py --junitxml="$WORK/fidelity.xml"
+  step fidelity 120 "${PYTEST[@]}" tests/worker/test_gpu_fidelity.py --junitxml="$WORK/fidelity.xml"
   step workloads 200 "$PYTHON" benchmarks/gpu/workloads.py --device "$DEVICE" --timeout 90 --out "$OUT/workloads.json"
   step shm 60 "${PYTEST[@]}" benchmarks/bench_shm.py --benchmark-only -s --benchmark-json="$WORK/shm.json"
   export FUSION_DIFF_DEVICE="$DEVICE"
-  step diff "$(left)" "${PYTEST[@]}" tests/test_differential.py --junitxml="$WORK/diff.xml" --maxfail=50
+  step diff "$(left)" "${PYTEST[@]}" tests/catalog/test_differential.py --junitxml="$WORK/diff.xml" --maxfail=50
   unset FUSION_DIFF_DEVICE
 fi
 # -- results.json and summary.txt from what the steps left

@@ -1,4 +1,4 @@
-"""Shared by the differential suites (tests/test_differential.py, tests/test_hypothesis_catalog.py):
+"""Shared by the differential suites (tests/catalog/test_differential.py, tests/catalog/test_hypothesis.py):
 inputs in every memory layout, NumPy's original functions, and comparisons in the style of CuPy's
 ``numpy_cupy_allclose`` (same type, dtype, shape, layout; values within a dtype-aware tolerance)."""
 from __future__ import annotations

@@ -13,6 +13,9 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository: tests/helpers/ is two below it
 
 ENV_AT_START = {k: v for k, v in os.environ.items() if k.startswith("FUSION_SHIM")}
 NATIVE_OFF = ENV_AT_START.get("FUSION_SHIM_NATIVE", "").strip().lower() in ("0", "false", "no", "off")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import pathlib
 
 import numpy as np
 import numpy.fft
@@ -18,6 +17,8 @@ from fusion_shim import intercept
 from fusion_shim.catalog.base import unwrap
 from fusion_shim.catalog import BY_NAME, CATALOG, NOT_ARRAY_FUNCTIONS, NOT_OFFLOADED, OpSpec, Unsupported, \
     check_signature, prepare
+
+from tests.helpers.environment import ROOT
 
 torch = pytest.importorskip("torch")
 from fusion_shim.worker import kernels, numba_kernels  # noqa: E402  (the worker side needs torch)
@@ -153,7 +154,7 @@ def test_scipy_condition_estimate_is_a_lower_bound_close_to_the_truth():
 
 _NO_LAZY_IMPORTS = r'''
 import sys
-from tests import test_differential as td
+from tests.catalog import test_differential as td
 from fusion_shim.catalog import BY_NAME, Unsupported, prepare
 from fusion_shim.catalog.base import unwrap
 from fusion_shim.client.remote import call_message
@@ -185,6 +186,6 @@ def test_no_kernel_imports_sympy_on_its_first_call():
     import sys
 
     out = subprocess.run([sys.executable, "-c", _NO_LAZY_IMPORTS], capture_output=True, text=True, timeout=600,
-                         cwd=str(pathlib.Path(__file__).resolve().parent.parent))
+                         cwd=str(ROOT))
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]

@@ -1,6 +1,6 @@
 """The property-based differential suite against a worker over a real socket (issue 4): the worker
 is ``python -m fusion_shim worker --bind ipc://...``, a separate process, and every call crosses
-ZeroMQ's ipc transport and the wire format both ways, where tests/test_hypothesis_catalog.py uses
+ZeroMQ's ipc transport and the wire format both ways, where tests/catalog/test_hypothesis.py uses
 the in-process worker thread. Every catalog row runs ``EXAMPLES`` generated calls of the same
 (derandomized) strategies, checked exactly as there.
 """
@@ -16,7 +16,7 @@ import pytest
 
 import fusion_shim
 from tests.helpers.shims import CALL_TIMEOUT_S, READY_S, install
-from tests.test_hypothesis_catalog import RECORDS, STRATEGIES, run_row
+from tests.catalog.test_hypothesis import RECORDS, STRATEGIES, run_row
 
 EXAMPLES = 6  # per row: 73 rows -> 438 calls over the socket
 
@@ -41,7 +41,7 @@ def socket_worker():
 @pytest.fixture(scope="module")
 def shim(socket_worker):
     proc, url = socket_worker
-    # the socket lane: every buffer crosses ZeroMQ (shared memory, issue 9, is tests/test_shm_differential.py)
+    # the socket lane: every buffer crosses ZeroMQ (shared memory, issue 9, is tests/catalog/test_shm_differential.py)
     rt = install(url, timeout=CALL_TIMEOUT_S, ready_timeout=READY_S, shm="0")
     assert rt.link.info.get("pid") == proc.pid, "answered by some other worker"
     yield rt

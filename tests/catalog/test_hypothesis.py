@@ -15,7 +15,7 @@ must then
 
 Each row runs ``EXAMPLES`` generated calls (derandomized: the same calls on every run); the suite
 asserts that they really ran (at least 3,000 in all) and that most of them ran on the worker.
-``run_row`` is reused by tests/test_socket_catalog.py against a worker over a real socket.
+``run_row`` is reused by tests/catalog/test_over_socket.py against a worker over a real socket.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ scipy_linalg = pytest.importorskip("scipy.linalg")
 scipy_fft = pytest.importorskip("scipy.fft")
 
 # per row, in process: 73 rows -> 3,650 generated calls. A longer soak, not for CI:
-# FUSION_HYPOTHESIS_EXAMPLES=1000 FUSION_HYPOTHESIS_SEED=7 python -m pytest tests/test_hypothesis_catalog.py
+# FUSION_HYPOTHESIS_EXAMPLES=1000 FUSION_HYPOTHESIS_SEED=7 python -m pytest tests/catalog/test_hypothesis.py
 EXAMPLES = int(os.environ.get("FUSION_HYPOTHESIS_EXAMPLES", "50"))
 SEED = os.environ.get("FUSION_HYPOTHESIS_SEED")  # set: random (not derandomized) generation from it
 MIN_WORKER_SHARE = 0.5  # of a row's calls that the library does not reject, at least this many ran remote

@@ -3,13 +3,11 @@ and across the examples the report shows each family computed on the worker."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from tests.helpers.environment import NATIVE_OFF
+from tests.helpers.environment import NATIVE_OFF, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 SIZE = "512"  # smaller than the defaults: the point is equal answers, not speed
 

@@ -1,6 +1,6 @@
 """The differential table through the shared-memory lane (issue 9): every buffer of every case in
 shared memory (``MIN_BYTES = 0``), none on the socket, against the in-process worker; same checks as
-tests/test_differential.py, plus where the bytes went.
+tests/catalog/test_differential.py, plus where the bytes went.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 import fusion_shim
 from fusion_shim.transport import shm, shm_client
 
-from tests import test_differential as diff
+from tests.catalog import test_differential as diff
 from tests.helpers.shims import CALL_TIMEOUT_S, install  # its table, builders and checks
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="no /dev/shm on this machine")

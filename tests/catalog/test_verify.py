@@ -10,7 +10,7 @@ import pytest
 
 import fusion_shim
 from tests.helpers.shims import shim_fixture
-from tests.test_hypothesis_catalog import RECORDS, STRATEGIES, run_row
+from tests.catalog.test_hypothesis import RECORDS, STRATEGIES, run_row
 
 EXAMPLES = 8
 

@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers.environment import ROOT
+
 PKG = ROOT / "fusion_shim"
 # the client side: what a worker must never need
 CLIENT = ("fusion_shim.intercept", "fusion_shim.plan", "fusion_shim.runtime", "fusion_shim.client",

@@ -2,7 +2,7 @@
 writable arrays without a copy, segments reused, malformed locators refused, and no segment left in
 /dev/shm after a SIGKILL of the client or of the worker.
 
-The crash tests use real processes on ipc:// sockets; tests/test_shm_differential.py runs the whole
+The crash tests use real processes on ipc:// sockets; tests/catalog/test_shm_differential.py runs the whole
 differential table through the lane.
 """
 from __future__ import annotations

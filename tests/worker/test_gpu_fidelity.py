@@ -8,7 +8,7 @@
 
 Each runs against a worker on the CPU (always) and on CUDA (skipped where there is none; the GPU
 machine's prepared run, benchmarks/gpu/run.sh, runs them there). The differential suite on CUDA is
-``FUSION_DIFF_DEVICE=cuda pytest tests/test_differential.py``, which run.sh runs too.
+``FUSION_DIFF_DEVICE=cuda pytest tests/catalog/test_differential.py``, which run.sh runs too.
 """
 from __future__ import annotations
 

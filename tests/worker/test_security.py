@@ -29,12 +29,12 @@ import fusion_shim
 from fusion_shim import auth, config, transport
 from fusion_shim.protocol import wire
 
+from tests.helpers.environment import ROOT
 from tests.helpers.shims import READY_S
 
 REPLY_MS = int(READY_S * 1000)  # a reply's deadline: a worker answers once warm (its self-benchmark)
 
 PY = sys.executable
-ROOT = Path(__file__).resolve().parent.parent
 
 
 _mon_ids = itertools.count()

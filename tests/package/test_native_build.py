@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 import fusion_shim
-from tests.helpers.environment import NATIVE_OFF
+from tests.helpers.environment import NATIVE_OFF, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 needs_native = pytest.mark.skipif(NATIVE_OFF, reason="FUSION_SHIM_NATIVE=0 was set for this run")
 
 

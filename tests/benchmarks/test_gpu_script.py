@@ -9,9 +9,8 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers.environment import ROOT
 
 
 def test_dry_run_writes_the_results(tmp_path):

@@ -243,7 +243,7 @@ CASES: list[Case] = [
          check="cholesky", size=6),
     Case("numpy.linalg.cholesky", "reads_upper_only",
          lambda m: args(m.one_triangle(6, 6, valid="U"), upper=True), check="cholesky", size=6),
-    # rows and parameters issue 4 added (tests/test_hypothesis_catalog.py generates calls for every
+    # rows and parameters issue 4 added (tests/catalog/test_hypothesis.py generates calls for every
     # row; these pin each dtype and layout)
     Case("numpy.linalg.svd", "hermitian", lambda m: args(m.hpd(5, 5), hermitian=True), check="svd", size=5),
     Case("numpy.linalg.svd", "hermitian_batched_values", lambda m: args(m.hpd(2, 3, 4, 4), hermitian=True,
@@ -412,8 +412,8 @@ def test_differential(shim, case: Case, dtype: str, layout: str):
 
 
 def test_every_catalog_row_has_differential_cases():
-    """Every row has cases here or generated ones in tests/test_hypothesis_catalog.py (all rows)."""
-    from tests.test_hypothesis_catalog import STRATEGIES
+    """Every row has cases here or generated ones in tests/catalog/test_hypothesis.py (all rows)."""
+    from tests.catalog.test_hypothesis import STRATEGIES
 
     covered = {case.op for case in CASES} | set(STRATEGIES)
     missing = sorted(spec.name for spec in CATALOG if spec.name not in covered)

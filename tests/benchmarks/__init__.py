@@ -1,0 +1,1 @@
+"""The benchmarks' tools: the link emulation and the prepared GPU run."""

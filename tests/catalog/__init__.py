@@ -1,0 +1,1 @@
+"""The catalog: its rows against the real signatures, and every row offloaded against the library itself."""

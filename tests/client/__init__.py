@@ -1,0 +1,1 @@
+"""The client side: residency, configuration, the report."""

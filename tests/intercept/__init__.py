@@ -1,0 +1,1 @@
+"""The interceptor: what it wraps and puts back, the operators, the launcher."""

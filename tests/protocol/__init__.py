@@ -1,0 +1,1 @@
+"""The wire format, and a live worker fed mutated messages."""

@@ -1,0 +1,1 @@
+"""The worker: its numba kernels, its precision, its security."""

@@ -383,12 +383,12 @@ def fault_run(directory: str, n_calls: int, *, seed: int, rate: float, timeout: 
     """Run calls against a FaultLab worker until ``n_calls`` are done and ``min_injections`` happened
     (or the time budget runs out); returns the figures."""
     import fusion_shim
-    from fusion_shim.client import link as runtime
+    from fusion_shim.client import link as client_link
 
     from .shims import READY_S
 
-    runtime_reprobe = runtime.REPROBE_MAX_S
-    runtime.REPROBE_MAX_S = 0.1  # TEST SETTING: a faulted worker is asked again within 0.1 s
+    reprobe_max_s = client_link.REPROBE_MAX_S
+    client_link.REPROBE_MAX_S = 0.1  # TEST SETTING: a faulted worker is asked again within 0.1 s
     cases = make_cases(n_calls, seed)  # before the shim: the expected answers are NumPy's own
     lab = FaultLab(directory, rate=rate, seed=seed, async_every_s=async_every_s)
     try:
@@ -441,7 +441,7 @@ def fault_run(directory: str, n_calls: int, *, seed: int, rate: float, timeout: 
     finally:
         fusion_shim.uninstall()
         lab.close()
-        runtime.REPROBE_MAX_S = runtime_reprobe
+        client_link.REPROBE_MAX_S = reprobe_max_s
 
 
 def _main(argv: list[str]) -> None:

@@ -1,6 +1,6 @@
 """Fuzzing a live worker (issue 8): seeded random mutation of valid messages.
 
-Valid messages come from the real client path (catalog ``prepare`` and ``runtime.call_message``)
+Valid messages come from the real client path (catalog ``prepare`` and ``client.remote.call_message``)
 for every catalog row, plus ``hello``. Each fuzz message is one of them mutated by 1-3 operators:
 header bytes flipped, cut or extended; a header field replaced by a hostile value, removed, or a
 junk field added; array metas and params mutated (dtype, shape, order, sizes); buffer frames
@@ -29,7 +29,7 @@ import msgpack
 import numpy as np
 
 from fusion_shim import catalog
-from fusion_shim.client import remote as runtime
+from fusion_shim.client import remote
 from fusion_shim.protocol import wire
 
 HOSTILE = [None, True, False, -1, 0, 1, 3, 65, 2**31, 2**63 - 1, -2**63, 2**64 - 1, 1.5, float("nan"),
@@ -66,7 +66,7 @@ def base_messages() -> list[tuple[str, list[bytes]]]:
     ]
     out = [("hello", [msgpack.packb({"v": wire.VERSION, "t": "hello", "id": 1})])]
     for prep in preps:
-        frames = runtime.call_message(1, prep)
+        frames = remote.call_message(1, prep)
         out.append((prep.spec.kernel_id, [bytes(memoryview(f)) if not isinstance(f, bytes) else f for f in frames]))
     return out
 

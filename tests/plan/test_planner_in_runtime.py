@@ -708,16 +708,16 @@ def test_without_a_gpu_the_embedded_worker_waits_for_a_long_enough_run(monkeypat
 
 
 def test_device_cpu_or_a_gpu_starts_the_embedded_worker_at_install(monkeypatch):
-    from fusion_shim.client import embedded as runtime
+    from fusion_shim.client import embedded
 
-    monkeypatch.setattr(runtime, "gpu_visible", lambda: False)
+    monkeypatch.setattr(embedded, "gpu_visible", lambda: False)
     for settings in ({"device": "cpu"}, {"policy": "remote"}):
         rt = fusion_shim.install(**{"policy": "auto", **settings}, quiet=True)
         try:
             assert rt.link.state != "deferred" and rt.link.proc is not None, settings
         finally:
             fusion_shim.uninstall()
-    monkeypatch.setattr(runtime, "gpu_visible", lambda: True)
+    monkeypatch.setattr(embedded, "gpu_visible", lambda: True)
     rt = fusion_shim.install(policy="auto", quiet=True)
     try:
         assert rt.link.proc is not None
@@ -745,14 +745,14 @@ def test_an_embedded_worker_under_auto_idles_in_the_programs_scheduling_group():
 
 
 def test_gpu_visible_respects_cuda_visible_devices(monkeypatch):
-    from fusion_shim.client import embedded as runtime
+    from fusion_shim.client import embedded
 
     for hidden in ("", "-1"):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
-        assert runtime.gpu_visible() is False
+        assert embedded.gpu_visible() is False
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    monkeypatch.setattr(runtime.glob, "glob", lambda pattern: ["/dev/nvidia0"] if pattern.startswith("/dev/") else [])
-    assert runtime.gpu_visible() is True
+    monkeypatch.setattr(embedded.glob, "glob", lambda pattern: ["/dev/nvidia0"] if pattern.startswith("/dev/") else [])
+    assert embedded.gpu_visible() is True
 
 
 # -- an exploration's cost is bounded --------------------------------------------------------------------
@@ -766,7 +766,7 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
     from fusion_shim.worker import serve_in_thread
     from fusion_shim.worker.testing import FaultyWorker
 
-    from fusion_shim.client import embedded as runtime
+    from fusion_shim.client import embedded
 
     url = f"inproc://fusion-shim-tests-slow-explore-{os.getpid()}"
     thread, stop = serve_in_thread(url, worker=FaultyWorker("cpu", delay=0.4))
@@ -787,7 +787,7 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
         # the local one, so there the exploration is waited for
         from fusion_shim.transport import shm as shmlane
         assert rt.link.info["boot"] == shmlane.boot_id() and rt.link.shares_cpus() and rt.link.cpus_shared
-        assert rt.link.contended == runtime.parallel_blas()  # priced more pessimistically where BLAS spins beside it
+        assert rt.link.contended == embedded.parallel_blas()  # priced more pessimistically where BLAS spins beside it
         t = time.perf_counter()
         np.testing.assert_allclose(np.matmul(a, a.T), want)
         assert time.perf_counter() - t >= 0.4 and rt.ledger.records[-1].kind == "worker"
@@ -834,7 +834,7 @@ def test_a_background_link_probe_waits_a_little_for_the_program_to_be_idle(inpro
     where the probe is a few milliseconds of copying that a busy CPU would stretch (beside a client
     busy on its one core a loopback probe read 17 MB/s for 2-3 GB/s), the next call that wants it
     makes it on the program's thread."""
-    from fusion_shim.client import link as runtime
+    from fusion_shim.client import link as client_link
     from fusion_shim.plan import calibrate as cal
 
     busy = [2.0]
@@ -857,15 +857,15 @@ def test_a_background_link_probe_waits_a_little_for_the_program_to_be_idle(inpro
         def measured() -> bool:
             return link.bandwidth is not None and link.bandwidth[0] > 1e6
 
-        link.rtt_s = 2 * runtime.HANDOFF_RTT_S  # a farther link, busy throughout: after the last check
-        assert not soon() and measured() and len(checks) == runtime.QUIET_TRIES
+        link.rtt_s = 2 * client_link.HANDOFF_RTT_S  # a farther link, busy throughout: after the last check
+        assert not soon() and measured() and len(checks) == client_link.QUIET_TRIES
         link.bandwidth = None
         busy[0] = 0.0
         assert not soon() and measured() and len(checks) == 1  # idle: at once
         link.bandwidth = None
         busy[0] = 2.0
-        link.rtt_s = runtime.HANDOFF_RTT_S / 2  # a close link, busy throughout: left to the next call
-        assert not soon() and not measured() and len(checks) == runtime.QUIET_TRIES and link._bw_handoff
+        link.rtt_s = client_link.HANDOFF_RTT_S / 2  # a close link, busy throughout: left to the next call
+        assert not soon() and not measured() and len(checks) == client_link.QUIET_TRIES and link._bw_handoff
         assert any("the next call that could go there measures it" in e for _, e in rt.ledger.events)
         assert soon() and measured() and checks == []  # made on the caller's thread, at once
     finally:
@@ -897,10 +897,10 @@ def test_the_call_after_a_handed_off_probe_makes_it_and_is_decided_with_the_link
 def test_a_link_is_probed_only_for_a_call_its_measurement_could_change(inproc_worker, monkeypatch):
     """The runtime asks for a link's bulk probe only where the planner says a free link could move
     the call (plan.Planner.link_could_matter); a program whose calls stay here either way never pays it."""
-    from fusion_shim.client import link as runtime
+    from fusion_shim.client import link as client_link
 
     asked = []
-    monkeypatch.setattr(runtime.WorkerLink, "measure_bandwidth_soon", lambda self, wait=False: asked.append(wait))
+    monkeypatch.setattr(client_link.WorkerLink, "measure_bandwidth_soon", lambda self, wait=False: asked.append(wait))
     a = RNG.standard_normal((768, 768))
     expected = a @ a
     rt = fusion_shim.install(policy="auto", worker=inproc_worker, quiet=True)
@@ -922,17 +922,17 @@ def test_a_link_is_probed_only_for_a_call_its_measurement_could_change(inproc_wo
 def test_a_worker_is_contended_only_where_this_processs_blas_runs_threads_beside_it(monkeypatch):
     """A client held to one CPU, or to one BLAS thread, has no helper threads spinning after its calls:
     a same-host worker is not priced for them (the client on one core found the worker twice as fast)."""
-    from fusion_shim.client import embedded as runtime
+    from fusion_shim.client import embedded
 
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    assert runtime.parallel_blas()
+    assert embedded.parallel_blas()
     monkeypatch.setenv("OPENBLAS_NUM_THREADS", "1")
-    assert not runtime.parallel_blas()
+    assert not embedded.parallel_blas()
     monkeypatch.delenv("OPENBLAS_NUM_THREADS")
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
-    assert not runtime.parallel_blas()
+    assert not embedded.parallel_blas()
 
 
 def test_the_link_probe_keeps_the_best_transfer_and_never_reads_one_faster_than_its_round_trip_allows(monkeypatch):

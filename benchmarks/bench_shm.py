@@ -22,7 +22,7 @@ import time
 import numpy as np
 import pytest
 
-from fusion_shim.protocol import wire
+from fusion_shim.protocol import messages, wire
 from fusion_shim.transport import Channel, shm
 
 MIB64 = 64 << 20
@@ -37,7 +37,7 @@ def worker():
                             stderr=subprocess.DEVNULL)
     chan = Channel(url)
     offer, probe = shm.make_probe()
-    header, _ = chan.request(1, wire.encode({"t": "hello", "id": 1, "shm": offer}), time.monotonic() + 120)
+    header = chan.request(messages.hello(1, offer), time.monotonic() + 120).header
     probe.unlink()
     assert header["shm"]["ok"], header["shm"]
     yield chan
@@ -49,14 +49,8 @@ def worker():
 def _round_trip(chan, pool, x, rid):
     header = {"t": "call", "id": rid, "op": "echo", "params": {"cdtype": x.dtype.str}, "layouts": ["C"],
               "results": [{"dtype": x.dtype.str, "shape": list(x.shape)}]}
-    items = [wire.to_wire(x)]
-    if pool is None:
-        reply, arrays = chan.request(rid, wire.encode_wired(header, items), time.monotonic() + 60)
-    else:
-        staged = pool.stage([(x.dtype, x.shape)])
-        frames = wire.encode_wired({**header, "out_shm": staged.out_slots}, items, place=staged.place)
-        reply, arrays = chan.request(rid, frames, time.monotonic() + 60, segments=staged)
-        staged.finish(reply)
+    req = messages.Request(header, [wire.to_wire(x)], results=[(x.dtype, x.shape)])
+    reply, arrays = chan.request(req, time.monotonic() + 60, lane=pool)[:2]
     assert reply["t"] == "result", reply
     return arrays[0]
 

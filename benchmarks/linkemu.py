@@ -245,14 +245,13 @@ class Link:
         """Until the worker answers hello (it answers once warm)."""
         sys.path.insert(0, ROOT)
         from fusion_shim import transport
-        from fusion_shim.protocol import wire
+        from fusion_shim.protocol import messages
 
         deadline = time.monotonic() + timeout
         while True:
             chan = transport.Channel(self.url)
             try:
-                header, _ = chan.request(1, wire.encode({"t": "hello", "id": 1}), deadline,
-                                         lambda: self.proc.poll() is None)
+                chan.request(messages.hello(1), deadline, lambda: self.proc.poll() is None)
                 break
             except transport.TransportError as exc:
                 # the delaying proxy closes a connection it cannot pass on yet (the worker is still

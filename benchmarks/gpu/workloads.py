@@ -106,7 +106,7 @@ def _env(device: str) -> dict:
 
 
 def start_worker(device: str, tmp: str) -> tuple[subprocess.Popen, str, dict, float]:
-    from fusion_shim.protocol import wire
+    from fusion_shim.protocol import messages
     from fusion_shim.transport import Channel
 
     url = f"ipc://{tmp}/worker.sock"
@@ -117,8 +117,7 @@ def start_worker(device: str, tmp: str) -> tuple[subprocess.Popen, str, dict, fl
                              "--parent-pid", str(os.getpid())], env=_env(device), stdout=log, stderr=log)
     chan = Channel(url)
     try:
-        header, _ = chan.request(1, wire.encode({"t": "hello", "id": 1}), time.monotonic() + 300,
-                                 alive=lambda: proc.poll() is None)
+        header = chan.request(messages.hello(1), time.monotonic() + 300, alive=lambda: proc.poll() is None).header
     finally:
         chan.close()
     return proc, url, header, time.perf_counter() - t

@@ -115,8 +115,8 @@ class WorkerLink:
             t = time.monotonic()
             offer = self.lane.offer(self.url)  # shared memory, if the worker can map ours
             try:
-                header, _ = chan.request(rid, messages.hello(rid, offer), t + self.config.ready_timeout,
-                                         self._probe_alive)
+                header = chan.request(messages.hello(rid, offer), t + self.config.ready_timeout,
+                                      self._probe_alive).header
             finally:
                 self.lane.withdraw()
             if header["t"] == "error":
@@ -291,7 +291,7 @@ class WorkerLink:
         """One round trip, less the worker's health check (real device work)."""
         rid = next(self._ids)
         t = time.perf_counter()
-        header, _ = chan.request(rid, messages.hello(rid), time.monotonic() + 5, self.watch)
+        header = chan.request(messages.hello(rid), time.monotonic() + 5, self.watch).header
         took = time.perf_counter() - t
         health = header.get("health_s")
         return max(took - health, took / 10) if isinstance(health, float) else took
@@ -405,8 +405,7 @@ class WorkerLink:
         if names and not self.embedded and os.getpid() == self.owner:
             try:
                 rid = next(self._ids)
-                self.channel().request(rid, messages.stats_request(rid, names),
-                                       time.monotonic() + 0.5, self.watch)
+                self.channel().request(messages.stats_request(rid, names), time.monotonic() + 0.5, self.watch)
             except transport.TransportError:
                 pass  # it unmaps them when it sees this process gone
 

@@ -31,9 +31,9 @@ def _call(chan: transport.Channel, rid: int, a: np.ndarray, b: np.ndarray, alive
           deadline_s: float) -> tuple[float, float]:
     """(seconds from send to reply, the worker's own seconds) for one matmul."""
     header = messages.call_header(rid, "matmul", {"cdtype": "<f8"}, ["C"], [("<f8", (a.shape[0], b.shape[1]))])
-    frames = wire.encode(header, [a, b])
+    req = messages.Request(header, [wire.to_wire(a), wire.to_wire(b)])
     t = time.perf_counter()
-    header, _ = chan.request(rid, frames, time.monotonic() + deadline_s, alive)
+    header = chan.request(req, time.monotonic() + deadline_s, alive).header
     seconds = time.perf_counter() - t
     if header.get("t") != "result":
         raise transport.BadReply(f"link probe answered with {header.get('t')!r}: {header.get('msg')}")
@@ -60,7 +60,7 @@ def ping(chan: transport.Channel, next_id: Callable[[], int], alive: Callable[[]
     for _ in range(PINGS):
         rid = next_id()
         t = time.perf_counter()
-        chan.request(rid, messages.hello(rid), time.monotonic() + deadline_s, alive)
+        chan.request(messages.hello(rid), time.monotonic() + deadline_s, alive)
         rtt = min(rtt, time.perf_counter() - t)
     return rtt
 

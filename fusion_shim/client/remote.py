@@ -1,4 +1,4 @@
-"""One call sent to a worker: the ``call`` message, the exchange (shared memory on a same-host
+"""One call sent to a worker: the ``call`` message, its request (shared memory on a same-host
 link), the one resend after a stale mirror, and the reply read back into what NumPy returns.
 Every fault raises a :class:`transport.TransportError` (the caller computes the call here)."""
 from __future__ import annotations
@@ -12,7 +12,6 @@ from .. import transport
 from ..catalog import Prepared
 from ..ledger import Record
 from ..protocol import messages, wire
-from ..transport import shm as shmlane
 from .link import WorkerLink
 from .residency import Mirror, Wired
 
@@ -47,14 +46,15 @@ def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
     else:
         wired.refs = wired.refs_in(link.mirror)
         items, fps, refs = wired.items, wired.fps, wired.refs
-    reply, arrays, t1 = _exchange(link, chan, header, items, fps, refs, prep, rec, deadline_s)
+    req = messages.Request(header, items, fps, refs, prep.results)
+    reply, arrays, t1 = _exchange(link, chan, req, rec, deadline_s)
     if reply["t"] == "error" and reply.get("kind") == "missing" and wired is not None and wired.refs:
         # the mirror was stale (an eviction it did not hear of, another client): resend by value, once
         link.mirror.discard(reply.get("missing") or ())
         rec.resends += len(wired.refs)
         header["id"] = link.next_id()
         before = chan.last_bytes_sent, chan.last_bytes_received
-        reply, arrays, _ = _exchange(link, chan, header, items, fps, (), prep, rec, deadline_s)
+        reply, arrays, _ = _exchange(link, chan, req._replace(refs=()), rec, deadline_s)
         chan.last_bytes_sent += before[0]  # both round trips were on the socket
         chan.last_bytes_received += before[1]
         wired.refs = []
@@ -105,15 +105,16 @@ def _phases(timing: messages.Timing, rec: Record, chan: transport.Channel, link:
     return worker_s.get("kernel")
 
 
-def _exchange(link: WorkerLink, chan: transport.Channel, header: dict, items: list, fps: Any,
-              refs: Any, prep: Prepared, rec: Record, deadline_s: float) -> tuple[dict, list, float]:
+def _exchange(link: WorkerLink, chan: transport.Channel, req: messages.Request, rec: Record,
+              deadline_s: float) -> tuple[dict, list, float]:
     """One request and its reply; returns (reply, arrays, when encoding ended). On a same-host
-    link the buffers go through shared memory (:func:`transport.shm.exchange`)."""
-    ex = shmlane.exchange(chan, link.shm(), header, items, fps, refs, prep.results,
-                          time.monotonic() + deadline_s, link.watch, link.ledger.event)
-    rec.shm_sent += ex.sent
-    rec.shm_received += ex.received
-    return ex.reply, ex.arrays, ex.encoded
+    link the buffers go through shared memory (the link's lane)."""
+    ans = chan.request(req, time.monotonic() + deadline_s, link.watch, lane=link.shm())
+    if ans.lane_note:
+        link.ledger.event(ans.lane_note)
+    rec.shm_sent += ans.shm_sent
+    rec.shm_received += ans.shm_received
+    return ans.header, ans.arrays, ans.encoded
 
 
 def assemble(prep: Prepared, arrays: list) -> Any:

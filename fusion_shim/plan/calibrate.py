@@ -36,6 +36,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..cachedir import cache_dir
+
 MAX_AGE_S = 7 * 24 * 3600
 VERSION = 1
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
@@ -48,12 +50,6 @@ BUSY_SHARE = 0.25          # this process's other threads busier than this (CPUs
 BUSY_WINDOW_S = 0.005      # ... over this long, just before a timed run
 ATTEMPTS = 8               # tries per point, at most, to get ``repeat`` clean timed runs
 CONTENDED_PAUSE_S = 0.05   # after a busy check or an unclean run: let whatever holds the CPUs finish
-
-
-def cache_dir(env: dict | None = None) -> str:
-    env = os.environ if env is None else env
-    base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "fusion_shim")
 
 
 def build_key() -> dict:

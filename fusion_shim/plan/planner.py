@@ -259,6 +259,10 @@ class Planner:
             self.on_event(f"worker {worker}'s self-benchmark ran beside other processes (they used {shares} of its "
                           + ("CPUs in each try: its rates may read slow until its calls correct them)"
                              if bench.get("contended") else "CPUs; taken again, each point's best time kept)"))
+        cached = bench.get("cached_s") if isinstance(bench, dict) else None
+        if isinstance(cached, (int, float)) and 0 <= cached < float("inf"):
+            self.on_event(f"worker {worker}'s self-benchmark was reused from its host's cache (taken "
+                          f"{cached / 60:.0f} min ago; `fusion-shim worker --fresh-bench` takes it again)")
         failed = bench.get("ops_failed") if isinstance(bench, dict) else None
         if isinstance(failed, dict) and failed:  # said outside the lock, as every event
             self.on_event(f"worker {worker}'s self-benchmark could not time "

@@ -2,8 +2,9 @@
 
 The worker builds its replies (:func:`ready`, :func:`result`, :func:`error`, :func:`stats`) as a
 :class:`Reply`, encoded once, after the keys that only the end of a request knows (``shm_mapped``)
-are added. The client builds its requests (:func:`hello`, :func:`call_header`, :func:`stats_request`)
-and reads what a ``result`` says beyond its arrays (:func:`read_timing`).
+are added. The client builds its requests (:func:`hello`, :func:`call_header`,
+:func:`stats_request`) as a :class:`Request`, which the channel encodes once it knows where each
+buffer goes, and reads what a ``result`` says beyond its arrays (:func:`read_timing`).
 """
 from __future__ import annotations
 
@@ -33,6 +34,25 @@ class Reply(NamedTuple):
         return wire.encode(header, self.arrays, fps=self.fps, place=lambda meta, buf: next(it))
 
 
+class Request(NamedTuple):
+    """A request not yet encoded: its header, its inputs through :func:`wire.to_wire`, their
+    fingerprints, the indices that travel as references, and the results it declares
+    (``(dtype, shape)`` pairs, which a shared-memory lane offers slots for)."""
+    header: dict
+    items: Sequence[tuple[dict, Any]] = ()
+    fps: Sequence[str | None] | None = None
+    refs: Sequence[int] = ()
+    results: Sequence[tuple[Any, tuple]] = ()
+
+    @property
+    def id(self) -> int:
+        return self.header["id"]
+
+    def frames(self, place: wire.Place | None = None, **extra: Any) -> list:
+        """The request's frames, ``extra`` added to its header; ``place`` as in :func:`wire.encode_wired`."""
+        return wire.encode_wired({**self.header, **extra}, self.items, self.fps, self.refs, place)
+
+
 # --- the worker's replies ---------------------------------------------------------------------------
 
 def ready(rid: int, info: dict, health_s: float, shm: dict | None = None) -> Reply:
@@ -59,14 +79,14 @@ def stats(rid: int, counters: dict) -> Reply:
 
 # --- the client's requests ---------------------------------------------------------------------------
 
-def hello(rid: int, shm: dict | None = None) -> list:
+def hello(rid: int, shm: dict | None = None) -> Request:
     """A ``hello``, with a shared-memory offer where the link may use one."""
-    return wire.encode({"t": "hello", "id": rid, **({"shm": shm} if shm is not None else {})})
+    return Request({"t": "hello", "id": rid, **({"shm": shm} if shm is not None else {})})
 
 
-def stats_request(rid: int, shm_drop: Sequence[str] | None = None) -> list:
+def stats_request(rid: int, shm_drop: Sequence[str] | None = None) -> Request:
     """A ``stats`` request; ``shm_drop``: segment names the worker may unmap."""
-    return wire.encode({"t": "stats", "id": rid, **({"shm_drop": list(shm_drop)} if shm_drop else {})})
+    return Request({"t": "stats", "id": rid, **({"shm_drop": list(shm_drop)} if shm_drop else {})})
 
 
 def call_header(rid: int, op: str, params: dict, layouts: list, results: Sequence[tuple[Any, tuple]],

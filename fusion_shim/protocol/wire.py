@@ -21,7 +21,8 @@ Per type:
 - ``ready``: ``pid`` (int), ``device`` (str), ``torch`` (str), ``bench`` (the worker's self-benchmark:
   one float64 GFLOP/s per family, ``points`` per "family/dtype" and ``ops`` per "op/dtype", each a
   list of [flops, seconds]; a CPU worker adds ``others_busy``, the share of its CPUs other processes
-  used during each try, and ``contended`` where no try ran clean; the planner reads what it
+  used during each try, and ``contended`` where no try ran clean; ``cached_s``: the age of a
+  benchmark the worker reused from its host's cache instead of measuring; the planner reads what it
   recognises and checks each value), ``health_s`` (seconds the health
   check took, so that a client timing a hello as a round trip can take it off).
 - ``call``: ``op`` (str, a kernel id from the catalog), ``params`` (map of str to msgpack scalars,

@@ -5,8 +5,9 @@ are ZeroMQ: the client holds a DEALER socket per thread, the worker one ROUTER.
 On the same host, buffers can bypass the socket through shared memory: :mod:`.shm`; the
 socket still carries every header, and stays the fallback.
 
-The one operation a caller needs is :meth:`Channel.request`: send a message and wait, up to a
-deadline, for the reply that carries the same request id. Failures are grouped by what the caller
+The one operation a caller needs is :meth:`Channel.request`: send a request (a
+:class:`~fusion_shim.protocol.messages.Request`, its buffers through a shared-memory lane when one
+is given) and wait, up to a deadline, for the reply that carries the same request id. Failures are grouped by what the caller
 can do about them: every :class:`TransportError` means "compute locally and record why".
 
 A waiting client learns that its worker is gone without waiting out the deadline. A
@@ -27,11 +28,15 @@ import itertools
 import os
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import zmq
 
 from ..protocol import wire
+from ..protocol.messages import Request
+
+if TYPE_CHECKING:
+    from .shm_client import ShmPool
 
 SCHEMES = ("inproc", "ipc", "tcp")
 POLL_SLICE_S = 0.05  # how often a waiting client checks that its worker is still there
@@ -142,6 +147,16 @@ def send_frames(sock: zmq.Socket, frames: Sequence[Any], prefix: Sequence[bytes]
     return sum(frame_bytes(f) for f in frames)
 
 
+class Answer(NamedTuple):
+    """A request's reply, and what its buffers took."""
+    header: dict
+    arrays: list
+    encoded: float          # perf_counter when the request was encoded (inputs copied into segments)
+    shm_sent: int           # input bytes that went through shared memory
+    shm_received: int       # result bytes that came back that way
+    lane_note: str | None   # why a lane that was given carried nothing, if it could not
+
+
 class Channel:
     """A client's connection to one worker, used by one thread at a time.
 
@@ -246,17 +261,32 @@ class Channel:
             return WorkerLost(f"{self.url} closed the connection before the handshake completed{hint}")
         return None
 
-    def request(
-        self,
-        rid: int,
-        frames: Sequence[Any],
-        deadline: float,
-        alive: Callable[[], bool] | None = None,
-        segments: Any = None,
-    ) -> tuple[dict, list]:
-        """Send ``frames`` and return the decoded reply with id ``rid``; raise TransportError.
-        ``segments`` resolves results in shared memory (:mod:`.shm`): only for this
-        request's own reply, so a late reply to another is dropped before its arrays are looked at."""
+    def request(self, req: Request, deadline: float, alive: Callable[[], bool] | None = None,
+                lane: "ShmPool | None" = None) -> "Answer":
+        """Send ``req`` and return its decoded reply (the one with its id); raise TransportError.
+        ``alive``: False once the worker's process is known gone. With a ``lane``, inputs that are
+        not references go into its segments and each declared result is offered a slot; a request
+        without a usable reply retires them. Where ``/dev/shm`` refuses, the socket carries all."""
+        if lane is None:
+            staged, frames, note = None, req.frames(), None
+        else:
+            staged, frames, note = lane.stage(req)
+        t = time.perf_counter()
+        try:
+            header, arrays = self._roundtrip(req.id, frames, deadline, alive, staged)
+        except BaseException:
+            if staged is not None:
+                staged.abandon()
+            raise
+        if staged is None:
+            return Answer(header, arrays, t, 0, 0, note)
+        staged.finish(header)
+        return Answer(header, arrays, t, staged.sent, staged.received, note)
+
+    def _roundtrip(self, rid: int, frames: Sequence[Any], deadline: float, alive: Callable[[], bool] | None,
+                   segments: Any) -> tuple[dict, list]:
+        """``segments`` resolves results in shared memory (:mod:`.shm`): only for this request's own
+        reply, so a late reply to another is dropped before its arrays are looked at."""
         try:
             # what the data socket's monitor says before the request leaves is not about it
             # (~2 us when it has nothing); a connection known to be down cannot carry it

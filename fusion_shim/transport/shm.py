@@ -39,19 +39,19 @@ still travels as a reference (never placed); a result slot is offered per *decla
 from it, and the worker writes a result there only when its byte size matches the slot exactly.
 
 The client's part is :class:`ClientLane` (negotiation, the pool, cleanup, one per worker link) and
-:func:`exchange` (one request through the lane, or through the socket when it is off), in
-:mod:`.shm_client`; the worker's is :class:`ShmMapper`, in :mod:`.shm_worker`; names, owners and
+:meth:`ShmPool.stage` (one request's segments, which :meth:`~fusion_shim.transport.Channel.request`
+uses when given the pool), in :mod:`.shm_client`; the worker's is :class:`ShmMapper`, in :mod:`.shm_worker`; names, owners and
 mappings both use are in :mod:`.shm_common`. This module gathers them for the client. None imports
 torch or the planner; the worker adds its pinned-memory staging.
 """
 from __future__ import annotations
 
-from .shm_client import (GRANULE, MAX_IDLE_BYTES, MIN_BYTES, ClientLane, Exchanged, Segment, ShmPool, Staged,
-                         _Lease, _privatize_after_fork, exchange, make_probe)
+from .shm_client import (GRANULE, MAX_IDLE_BYTES, MIN_BYTES, ClientLane, Segment, ShmPool, Staged, _Lease,
+                         _privatize_after_fork, make_probe)
 from .shm_common import (NAME_RE, PREFIX, SHM_DIR, ShmError, available, boot_id, owner_dead, owner_tag, parse,
                          proc_start, sweep_stale)
 from .shm_worker import ShmMapper
 
-__all__ = ["GRANULE", "MAX_IDLE_BYTES", "MIN_BYTES", "NAME_RE", "PREFIX", "SHM_DIR", "ClientLane", "Exchanged",
-           "Segment", "ShmError", "ShmMapper", "ShmPool", "Staged", "available", "boot_id", "exchange", "make_probe",
+__all__ = ["GRANULE", "MAX_IDLE_BYTES", "MIN_BYTES", "NAME_RE", "PREFIX", "SHM_DIR", "ClientLane", "Segment",
+           "ShmError", "ShmMapper", "ShmPool", "Staged", "available", "boot_id", "make_probe",
            "owner_dead", "owner_tag", "parse", "proc_start", "sweep_stale"]

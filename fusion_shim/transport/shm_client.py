@@ -1,6 +1,6 @@
 """The client's half of the same-host lane (:mod:`.shm`): its segments (one pool per worker
-process), the request that places inputs and offers result slots, the negotiation in ``hello``, and
-:func:`exchange`, one request through the lane or the socket."""
+process), the request that places inputs and offers result slots (:meth:`ShmPool.stage`, which
+:meth:`~fusion_shim.transport.Channel.request` calls), and the negotiation in ``hello``."""
 from __future__ import annotations
 
 import ctypes
@@ -8,10 +8,9 @@ import mmap
 import os
 import secrets
 import threading
-import time
 import weakref
 from collections import deque
-from typing import Any, Callable, Iterable, NamedTuple, Sequence
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -167,8 +166,20 @@ class ShmPool:
             self.returned.clear()
             self._idle_bytes = 0
 
-    def stage(self, results: list) -> "Staged":
-        return Staged(self, results)
+    def stage(self, req: Any) -> "tuple[Staged | None, list, str | None]":
+        """A request's frames with its inputs placed in segments and its results offered slots:
+        (its segments, the frames, None); when ``/dev/shm`` refuses, (None, plain frames, why)."""
+        drops = self.drops()  # segments retired earlier, which the worker may unmap now
+        extra = {"shm_drop": drops} if drops else {}
+        staged = Staged(self)
+        try:
+            staged.offer(req.results)
+            return staged, req.frames(place=staged.place, out_shm=staged.out_slots, **extra), None
+        except BaseException as exc:
+            staged.abandon()
+            if not isinstance(exc, ShmError):
+                raise
+            return None, req.frames(**extra), f"shared memory: {exc}; a call's buffers went through the socket"
 
     @property
     def idle_bytes(self) -> int:
@@ -350,51 +361,3 @@ class ClientLane:
         names = pool.names_mapped_by_worker() + pool.drops()
         pool.close()
         return names
-
-
-class Exchanged(NamedTuple):
-    reply: dict
-    arrays: list
-    encoded: float   # perf_counter when the request was encoded (inputs copied into segments)
-    sent: int        # input bytes that went through shared memory
-    received: int    # result bytes that came back that way
-
-
-def exchange(chan: Any, pool: "ShmPool | None", header: dict, items: Sequence[tuple[dict, Any]],
-             fps: Sequence[str | None] | None, refs: Iterable[int], results: list, deadline: float,
-             alive: Callable[[], bool] | None, event: Callable[[str], None]) -> Exchanged:
-    """One request (``header["id"]``) and its reply. With a ``pool``, inputs that are not references
-    go into segments and each declared result is offered a slot; a request that gets no usable
-    reply retires its segments. Without one, or when ``/dev/shm`` refuses, the socket carries all."""
-    from ..protocol import wire
-
-    rid = header["id"]
-    if pool is None:
-        frames = wire.encode_wired(header, items, fps, refs)
-        t = time.perf_counter()
-        return Exchanged(*chan.request(rid, frames, deadline, alive), t, 0, 0)
-    drops = pool.drops()
-    if drops:  # segments retired earlier, which the worker may unmap now
-        header = {**header, "shm_drop": drops}
-    staged = Staged(pool)
-    try:
-        staged.offer(results)
-        frames = wire.encode_wired({**header, "out_shm": staged.out_slots}, items, fps, refs, place=staged.place)
-    except BaseException as exc:
-        staged.abandon()
-        if not isinstance(exc, ShmError):
-            raise
-        staged = None  # /dev/shm full or gone: this call's buffers use the socket
-        event(f"shared memory: {exc}; a call's buffers went through the socket")
-        frames = wire.encode_wired(header, items, fps, refs)
-    t = time.perf_counter()
-    try:
-        reply, arrays = chan.request(rid, frames, deadline, alive, segments=staged)
-    except BaseException:
-        if staged is not None:
-            staged.abandon()
-        raise
-    if staged is None:
-        return Exchanged(reply, arrays, t, 0, 0)
-    staged.finish(reply)
-    return Exchanged(reply, arrays, t, staged.sent, staged.received)

@@ -19,7 +19,8 @@ NUMPY_OF = {v: k for k, v in DTYPES.items()}
 class TorchBackend:
     """Moves arrays to the device and back and runs kernels there; times each phase."""
 
-    def __init__(self, device: str = "auto"):
+    def __init__(self, device: str = "auto", bench_cache: bool = True):
+        self.bench_cache = bench_cache  # reuse this host's last self-benchmark (D58)
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
@@ -127,7 +128,7 @@ class TorchBackend:
                     fn(spd)
                 except RuntimeError:  # not on this device or dtype: its calls fail and say so themselves
                     pass
-        return bench.self_benchmark(self, shared)
+        return bench.self_benchmark(self, shared, cache=self.bench_cache)
 
 
 def _f_contiguous(t: torch.Tensor) -> bool:

@@ -3,15 +3,21 @@ planner's probe ops at two or three sizes, and each decomposition through its ow
 ``ready`` reply carries it; the client's planner prices the worker off it until calls correct it."""
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
+import json
 import math
 import os
+import socket
+import tempfile
 import time
 from typing import Any, Callable
 
 import torch
 
+from ..cachedir import cache_dir
+from ..transport.shm_common import boot_id
 from .kernels import KERNELS
 
 
@@ -19,6 +25,10 @@ from .kernels import KERNELS
 BENCH_OTHERS_MAX = 0.15
 BENCH_ATTEMPTS = 3
 BENCH_PAUSE_S = 1.0
+# D58: a worker reuses the benchmark its host took last, on this boot, of the same device and build
+CACHE_VERSION = 1
+CACHE_CLEAN_S = 24 * 3600   # a benchmark that ran clean
+CACHE_CONTENDED_S = 600     # one that never did: taken again sooner, in case the CPUs are free now
 
 
 def cpu_sample() -> tuple[float, float, float, int] | None:
@@ -103,12 +113,25 @@ OPS_BENCH = (("numpy.linalg.eigh", {}), ("numpy.linalg.eigvalsh", {}), ("numpy.l
              ("numpy.linalg.pinv", {}))
 
 
-def self_benchmark(backend: Any, shared: bool) -> dict[str, Any]:
+def self_benchmark(backend: Any, shared: bool, cache: bool = True) -> dict[str, Any]:
     """The ``bench`` of the worker's ``ready``: per family and dtype, (flops, seconds) at two or three
     sizes under ``points`` ("products/f8": [[flops, s], ...]), each decomposition under ``ops``, and,
     for older clients, one float64 rate in GFLOP/s per family. The probe ops match the client's
     calibration (fusion_shim.plan.calibrate): matmul, solve, fft (rfft for real). ``shared``: the
-    worker shares its CPUs with the program that started it (embedded)."""
+    worker shares its CPUs with the program that started it (embedded), and its short benchmark is
+    neither cached nor reused; ``cache``: a worker of its own reuses its host's last one (D58)."""
+    key = cache_key(backend) if cache and not shared else None
+    got = load_cached(key) if key is not None else None
+    if got is not None:
+        return got
+    bench = measure_benchmark(backend, shared)
+    if key is not None:
+        save_cached(key, bench)
+    return bench
+
+
+def measure_benchmark(backend: Any, shared: bool) -> dict[str, Any]:
+    """:func:`self_benchmark`, measured now."""
     dev = backend.device
     # D53: a GPU at larger sizes; an embedded CPU worker briefly, beside the program it serves
     big = dev.type == "cuda"
@@ -128,6 +151,57 @@ def self_benchmark(backend: Any, shared: bool) -> dict[str, Any]:
                                                   else lambda: None)
     rates = {family: max(f / s for f, s in points[f"{family}/f8"]) / 1e9 for family in sizes}
     return {**rates, "points": points, "ops": ops, **({"ops_failed": failed} if failed else {}), **busy}
+
+
+def cache_key(backend: Any) -> dict[str, Any]:
+    """What a benchmark depends on: this boot of this host, the device, the CPUs this process may
+    use, torch's version and threads, and the benchmark's own format."""
+    dev = backend.device
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = list(range(os.cpu_count() or 1))
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    return {"version": CACHE_VERSION, "boot": boot_id(), "host": socket.gethostname(), "device": str(dev),
+            "name": name, "cpus": cpus, "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "ops": [op for op, _ in OPS_BENCH]}
+
+
+def cache_file(key: dict, directory: str | None = None) -> str:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return os.path.join(directory or cache_dir(), f"worker-bench-{digest}.json")
+
+
+def load_cached(key: dict, directory: str | None = None, now: Callable[[], float] = time.time) -> dict | None:
+    """The cached benchmark for ``key`` with ``cached_s`` (its age) added, or None: absent, stale,
+    unreadable, or in a file this user does not own alone (another user could write its figures)."""
+    path = cache_file(key, directory)
+    try:
+        with open(path) as f:
+            st = os.fstat(f.fileno())
+            if st.st_uid != os.getuid() or st.st_mode & 0o022:
+                return None
+            data = json.load(f)
+        bench, taken = data["bench"], float(data["taken"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    age = now() - taken
+    limit = CACHE_CONTENDED_S if bench.get("contended") else CACHE_CLEAN_S
+    if data.get("key") != key or not isinstance(bench, dict) or not 0 <= age <= limit:
+        return None
+    return {**bench, "cached_s": round(age, 1)}
+
+
+def save_cached(key: dict, bench: dict, directory: str | None = None, now: Callable[[], float] = time.time) -> None:
+    path = cache_file(key, directory)
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".worker-bench-", dir=os.path.dirname(path))  # 0600
+        with os.fdopen(fd, "w") as f:
+            json.dump({"key": key, "taken": now(), "bench": bench}, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home: measured again at the next start, nothing worse
 
 
 def bench_points(backend: Any, sizes: dict[str, tuple], big: bool) -> dict[str, list]:

@@ -19,6 +19,8 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
                    help="allow a network address WITHOUT authentication (warns loudly)")
     p.add_argument("--max-bytes", type=int, default=None,
                    help="largest message accepted, in bytes (default 64 GiB)")
+    p.add_argument("--fresh-bench", action="store_true",
+                   help="take the self-benchmark again instead of reusing this host's last one")
     p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--memory-budget", type=size, default=None,
                    help="bytes the resident store may hold (e.g. 2G, 512M); default: half the GPU, "
@@ -49,7 +51,7 @@ def start(p: argparse.ArgumentParser, opts: argparse.Namespace, make: Callable[.
         p.error("--max-bytes must be > 0")
     security = f"CURVE, clients from {opts.keys}" if opts.keys else "no authentication"
     print(f"fusion_shim worker: binding {opts.bind} (device {device}; {security})", file=sys.stderr, flush=True)
-    worker = (make or Worker)(device, opts.memory_budget, max_bytes=max_bytes)
+    worker = (make or Worker)(device, opts.memory_budget, max_bytes=max_bytes, bench_cache=not opts.fresh_bench)
     try:
         serve(opts.bind, worker, parent_pid=opts.parent_pid, keys=opts.keys, insecure=opts.insecure)
     except KeyFileError as exc:

@@ -65,14 +65,15 @@ class Worker:
     (a backend has ``device``, ``warm()``, ``run(kernel, arrays, params, layouts)``)."""
 
     def __init__(self, device: str = "auto", memory_budget: int | None = None, *,
-                 max_bytes: int = MAX_MESSAGE_BYTES, backend: Any = None, kernels: dict | None = None):
+                 max_bytes: int = MAX_MESSAGE_BYTES, backend: Any = None, kernels: dict | None = None,
+                 bench_cache: bool = True):
         self.numba = "unavailable: a test backend"
         if backend is None:
             from .backend import TorchBackend  # torch only here, on the worker side
             from .kernels import KERNELS
             from .numba_kernels import numba_kernels
 
-            backend = TorchBackend(device)
+            backend = TorchBackend(device, bench_cache)
             extra, self.numba = numba_kernels(backend.device.type)  # where they can run
             kernels = {**KERNELS, **extra}
         self.kernels = kernels

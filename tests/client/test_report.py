@@ -14,7 +14,7 @@ import pytest
 import fusion_shim
 from fusion_shim.report import format_table
 from fusion_shim import transport
-from fusion_shim.protocol import wire
+from fusion_shim.protocol import messages
 from fusion_shim.report.trace import build_trace
 from fusion_shim.report.whatif import LinkProfile, reprice
 from fusion_shim.errors import VerificationError
@@ -38,8 +38,7 @@ def _workload():
 def _stats(url):
     chan = transport.Channel(url)
     try:
-        header, _ = chan.request(999_999, wire.encode({"t": "stats", "id": 999_999}), 1e18, None)
-        return header
+        return chan.request(messages.stats_request(999_999), 1e18, None).header
     finally:
         chan.close()
 

@@ -19,7 +19,7 @@ import zmq
 
 import fusion_shim
 from fusion_shim import transport
-from fusion_shim.protocol import wire
+from fusion_shim.protocol import messages, wire
 from fusion_shim.intercept import bypassed
 
 from tests.helpers import faultlab as _faultlab
@@ -357,13 +357,13 @@ def test_channel_drops_replies_to_abandoned_requests(fake):
     chan = transport.Channel(fake.url)
     try:
         a, b, want = operands(400, n=8, m=5)
-        frames = wire.encode({"t": "call", "id": 1, "op": "matmul", "params": {"cdtype": "<f8"}, "layouts": ["C"]},
-                             [a, b])
+        req = messages.Request({"t": "call", "id": 1, "op": "matmul", "params": {"cdtype": "<f8"}, "layouts": ["C"]},
+                               [wire.to_wire(a), wire.to_wire(b)])
         with pytest.raises(transport.Timeout):
-            chan.request(1, frames, time.monotonic() + 0.3)
-        frames = wire.encode({"t": "call", "id": 2, "op": "matmul", "params": {"cdtype": "<f8"}, "layouts": ["C"]},
-                             [b.T.copy(), a.T.copy()])
-        header, arrays = chan.request(2, frames, time.monotonic() + 5)
+            chan.request(req, time.monotonic() + 0.3)
+        req = messages.Request({"t": "call", "id": 2, "op": "matmul", "params": {"cdtype": "<f8"}, "layouts": ["C"]},
+                               [wire.to_wire(b.T.copy()), wire.to_wire(a.T.copy())])
+        header, arrays = chan.request(req, time.monotonic() + 5)[:2]
         assert header["id"] == 2
         np.testing.assert_allclose(arrays[0], want.T, rtol=1e-12)
     finally:

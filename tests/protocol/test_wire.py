@@ -113,10 +113,10 @@ def _as_received(frames):
 def test_a_hello_carries_its_shared_memory_offer_only_when_made():
     from fusion_shim.protocol import messages
 
-    header, arrays = wire.decode(messages.hello(3))
+    header, arrays = wire.decode(messages.hello(3).frames())
     assert header == {"v": wire.VERSION, "t": "hello", "id": 3, "arrays": []} and arrays == []
     offer = {"boot": "b", "probe": "fshm-1-2-3-p4", "token": "0" * 32}
-    assert wire.decode(messages.hello(4, offer))[0]["shm"] == offer
+    assert wire.decode(messages.hello(4, offer).frames())[0]["shm"] == offer
 
 
 def test_a_call_header_declares_each_result_in_the_axis_order_it_travels():
@@ -135,8 +135,8 @@ def test_a_call_header_declares_each_result_in_the_axis_order_it_travels():
 def test_a_stats_request_names_the_segments_to_drop_only_when_there_are_some():
     from fusion_shim.protocol import messages
 
-    assert "shm_drop" not in wire.decode(messages.stats_request(1))[0]
-    assert wire.decode(messages.stats_request(2, ["fshm-1-2-3-i4"]))[0]["shm_drop"] == ["fshm-1-2-3-i4"]
+    assert "shm_drop" not in wire.decode(messages.stats_request(1).frames())[0]
+    assert wire.decode(messages.stats_request(2, ["fshm-1-2-3-i4"]).frames())[0]["shm_drop"] == ["fshm-1-2-3-i4"]
 
 
 def test_the_workers_replies_round_trip_and_take_late_keys_once():

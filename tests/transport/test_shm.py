@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import fusion_shim
-from fusion_shim.protocol import wire
+from fusion_shim.protocol import messages, wire
 from fusion_shim.config import Config, ConfigError
 from fusion_shim.transport import Channel, shm, shm_client
 
@@ -65,6 +65,26 @@ def test_result_is_a_writable_view_on_a_segment_that_is_reused(inproc_worker):
             np.matmul(a, b)
         assert pool.stats["segments_created"] == created + 1
         assert names_of(os.getpid()) == [], "names stay in /dev/shm after the worker mapped them"
+    finally:
+        fusion_shim.uninstall()
+
+
+def test_a_full_dev_shm_sends_the_call_through_the_socket_and_says_so(inproc_worker, monkeypatch):
+    rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True)
+    try:
+        assert rt.link.wait_ready(READY_S) and rt.link.shm() is not None
+
+        def full(self, role, nbytes):
+            raise shm.ShmError("no space left on /dev/shm")
+
+        monkeypatch.setattr(shm_client.ShmPool, "acquire", full)
+        a, b = np.random.default_rng(1).standard_normal((2, 256, 256))
+        c = np.matmul(a, b)
+        np.testing.assert_allclose(c, np.matmul.__wrapped__(a, b), rtol=1e-12, atol=1e-12 * 256)
+        rec = last_record(rt)
+        assert rec.kind == "worker" and rec.shm_sent == 0 and rec.bytes_sent > a.nbytes + b.nbytes
+        assert not isinstance(c.base, shm._Lease)
+        assert any("no space left on /dev/shm" in e and "through the socket" in e for _, e in rt.ledger.events)
     finally:
         fusion_shim.uninstall()
 
@@ -122,7 +142,7 @@ def test_mapper_refuses_bad_locators():
             mapper.array({"name": out.name, "offset": 0}, dt, (1,), "C")
         x = mapper.array({"name": seg.name, "offset": 0}, dt, (4,), "C")
         assert not x.flags.writeable  # inputs are mapped read-only on the worker
-        staged = pool.stage([(dt, (8192,))])
+        staged = shm.Staged(pool, [(dt, (8192,))])
         with pytest.raises(wire.WireError, match="did not offer"):
             staged.array({"name": seg.name, "offset": 0}, dt, (8192,), "C")
     finally:
@@ -154,8 +174,7 @@ def _start_worker(tmp_path, *extra):
 def _worker_stats(url):
     chan = Channel(url)
     try:
-        header, _ = chan.request(1, wire.encode({"t": "stats", "id": 1}), time.monotonic() + 30)
-        return header
+        return chan.request(messages.stats_request(1), time.monotonic() + 30).header
     finally:
         chan.close()
 

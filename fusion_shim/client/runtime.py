@@ -47,7 +47,7 @@ class Runtime:
     imported. ``export_env``: children of this process reuse its worker (the launcher's)."""
 
     def __init__(self, config: Config, publish_floors: FloorPublisher | None = None, export_env: bool = False):
-        self.config = config
+        self._config = config
         self.ledger = Ledger()
         self.guard = GUARD  # .busy: the shim's own NumPy calls must not re-enter it
         self.local_only = config.policy == "local"
@@ -75,15 +75,8 @@ class Runtime:
 
     @property
     def config(self) -> Config:
+        """The run's settings, fixed at install (the call path and the checks hold the same)."""
         return self._config
-
-    @config.setter
-    def config(self, config: Config) -> None:
-        """Settings replaced mid-run (tests do): the call path and the checks read the same ones."""
-        self._config = config
-        for part in (getattr(self, "calls", None), getattr(self, "checks", None)):
-            if part is not None:
-                part.config = config
 
     def _planner(self, config: Config) -> plan.Planner:
         cache = None

@@ -19,7 +19,7 @@ from fusion_shim.report.trace import build_trace
 from fusion_shim.report.whatif import LinkProfile, reprice
 from fusion_shim.errors import VerificationError
 
-from tests.helpers.shims import READY_S
+from tests.helpers.shims import READY_S, shim_fixture
 
 RNG = np.random.default_rng(7)
 
@@ -161,8 +161,11 @@ def test_mismatch_in_strict_mode_raises(corrupt_worker):
         fusion_shim.uninstall()
 
 
-def test_checks_are_sampled_and_kept_apart(shim):
-    shim.config = shim.config.replace(verify=0.25)
+checked_shim = shim_fixture(verify=0.25)
+
+
+def test_checks_are_sampled_and_kept_apart(checked_shim):
+    shim = checked_shim
     a = RNG.standard_normal((48, 48))
     for _ in range(16):
         np.matmul(a, a)

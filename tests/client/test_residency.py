@@ -13,7 +13,7 @@ from fusion_shim.intercept import bypassed
 from fusion_shim.protocol.fingerprint import RESIDENT_MIN, fingerprint
 from fusion_shim.client.residency import HASH_BPS
 
-from tests.helpers.shims import READY_S
+from tests.helpers.shims import READY_S, installed
 
 RNG = np.random.default_rng(6)
 
@@ -28,6 +28,14 @@ def store_worker():
     yield url, thread.worker
     stop.set()
     thread.join(5)
+
+
+@pytest.fixture
+def auto_shim(inproc_worker):
+    """The conftest's ``shim`` under ``auto``, its worker ready."""
+    with installed(inproc_worker, policy="auto") as rt:
+        assert rt.link.wait_ready(READY_S)
+        yield rt
 
 
 @pytest.fixture
@@ -203,9 +211,8 @@ def _synthetic(rt, local_gflops: float, worker_gflops: float, bandwidth: float) 
     rt.planner.refresh_floors()
 
 
-def test_no_hashing_for_calls_that_stay_local(shim):
-    shim.config = shim.config.replace(policy="auto")
-    shim.planner.policy = "auto"
+def test_no_hashing_for_calls_that_stay_local(auto_shim):
+    shim = auto_shim
     _synthetic(shim, 50.0, 50.0, 2e9)  # the worker as fast as here: never worth moving
     small = RNG.standard_normal((8, 8))
     big = RNG.standard_normal((600, 600))
@@ -217,14 +224,13 @@ def test_no_hashing_for_calls_that_stay_local(shim):
     assert all("fingerprint" not in r.phases for r in recs)
 
 
-def test_inputs_are_hashed_only_where_residency_could_gain_more_than_the_hash_costs(shim):
+def test_inputs_are_hashed_only_where_residency_could_gain_more_than_the_hash_costs(auto_shim):
     """A call kept here is looked at (its inputs fingerprinted) when a worker would take it were they
     already there, the time the hash takes counted on the worker's side: a matrix-vector product
     reads its large matrix once, about as fast as the hash does, and gains too little to pay for it."""
     from fusion_shim.plan.planner import LOOK_MAX_BYTES
 
-    shim.config = shim.config.replace(policy="auto")
-    shim.planner.policy = "auto"
+    shim = auto_shim
     # SYNTHETIC profile: here 2 GFLOP/s, the worker 1000 behind a 100 MB/s link (sending 10 MB: 0.1 s)
     _synthetic(shim, 2.0, 1000.0, 1e8)
     assert shim.planner.inputs_may_be_resident  # the floors let a call whose inputs may be there through

@@ -20,7 +20,8 @@ Security and faults:
 
 Residency: inputs a client tags with a fingerprint and results of at least
 ``protocol.fingerprint.RESIDENT_MIN`` bytes stay on the device in :class:`.store.ResidentStore`; a reference
-the store does not hold is answered ``missing``. A backend without ``to_device`` / ``compute`` /
+the store does not hold is answered ``missing``. An input is kept only when the bytes that came hash
+to its tag (D59): a client's wrong tag costs it the reuse, never another call its answer. A backend without ``to_device`` / ``compute`` /
 ``to_host`` (a test backend) keeps nothing and answers every reference ``missing``.
 
 Shared memory: on a same-host link (``ipc://``, ``inproc://``) clients may put buffers in shared memory
@@ -86,6 +87,7 @@ class Worker:
         budget = memory_budget if memory_budget is not None else (
             default_budget(backend.device) if self.resident else 0)
         self.store = ResidentStore(budget)
+        self.fingerprint_mismatches = 0  # inputs whose bytes did not hash to their tag: not kept
         self.shm: ShmMapper | None = None  # clients' segments, on a same-host link
 
     def enable_shm(self, url: str) -> None:
@@ -142,7 +144,8 @@ class Worker:
             self.last_was_call = kind == "call"
             if kind == "stats":
                 shm_stats = {**self.shm.stats, "shm_live": len(self.shm)} if self.shm is not None else {}
-                return messages.stats(rid, {**self.traffic, **self.store.stats(), **shm_stats})
+                return messages.stats(rid, {**self.traffic, **self.store.stats(), **shm_stats,
+                                             "fingerprint_mismatches": self.fingerprint_mismatches})
             if kind == "hello":
                 t = time.perf_counter()
                 sick = self.health()
@@ -251,12 +254,19 @@ class Worker:
             return [], {}, {"missing": missing}
         held = {m["fp"] for m in metas if "fp" in m}  # this call's inputs: never evicted by it
         evicted: list = []
+        checked_s = 0.0
         for meta, a, t in zip(metas, arrays, tensors):
             if "fp" in meta and not isinstance(a, wire.Ref):
-                evicted += self.store.put(meta["fp"], self._owned(t), meta, held)
+                c = time.perf_counter()
+                received = _received_fingerprint(meta, a)
+                checked_s += time.perf_counter() - c
+                if received == meta["fp"]:
+                    evicted += self.store.put(meta["fp"], self._owned(t), meta, held)
+                else:  # D59: kept only under the fingerprint of the bytes that came
+                    self.fingerprint_mismatches += 1
         self.backend.sync()
         t1 = time.perf_counter()
-        timing: dict[str, float] = {}
+        timing: dict[str, float] = {"fingerprint": checked_s} if checked_s else {}
         try:
             results = self.backend.compute(kernel, tensors, params, layouts)
         except Exception as exc:
@@ -270,11 +280,11 @@ class Worker:
         t2 = time.perf_counter()
         out = self.backend.to_host(results, dests)
         t3 = time.perf_counter()
-        timing.update(h2d=t1 - t0, kernel=t2 - t1, d2h=t3 - t2)
+        timing.update(h2d=t1 - t0 - checked_s, kernel=t2 - t1, d2h=t3 - t2)
         extra: dict[str, Any] = {"evicted": evicted}
         if header.get("keep") is True:  # keep results, say their fingerprints
             extra["fps"], extra["evicted"] = self._keep(results, out, held, evicted)
-            timing["fingerprint"] = time.perf_counter() - t3
+            timing["fingerprint"] = timing.get("fingerprint", 0.0) + time.perf_counter() - t3
         extra["kept"] = [fp for fp in held if fp in self.store]  # what the client may send by reference
         return out, timing, extra
 
@@ -308,6 +318,11 @@ class Worker:
         results, timing = self.backend.run(kernel, arrays, params, layouts)
         timing["oom_retry"] = 1.0
         return results, timing
+
+
+def _received_fingerprint(meta: dict, a: np.ndarray) -> str:
+    """The fingerprint of the bytes that came for an input, as its meta lays them out."""
+    return fingerprint(meta, a.reshape(-1, order="A").view(np.uint8) if a.size else b"")
 
 
 def _host_kernels(backend: Any) -> bool:

@@ -1,7 +1,18 @@
 import os
 
+import pytest
+
 for _k in [k for k in os.environ if k.startswith("FUSION_SHIM")]:
     del os.environ[_k]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config):
+    """Benchmarks time one process at a time: the test suite's ``-n 2`` (pyproject) is off here."""
+    if hasattr(config.option, "numprocesses"):
+        config.option.numprocesses = 0
+        config.option.dist = "no"
+        config.option.tx = []
 
 
 def pytest_terminal_summary(terminalreporter, config):

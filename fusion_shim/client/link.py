@@ -294,7 +294,8 @@ class WorkerLink:
         header = chan.request(messages.hello(rid), time.monotonic() + 5, self.watch).header
         took = time.perf_counter() - t
         health = header.get("health_s")
-        return max(took - health, took / 10) if isinstance(health, float) else took
+        ok = isinstance(health, float) and 0 <= health <= took  # a NaN or an impossible figure: not trusted
+        return max(took - health, took / 10) if ok else took
 
     def _probe_alive(self) -> bool:
         """A probe also ends when the link is stopped: its thread must not hold a socket for up to

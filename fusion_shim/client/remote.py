@@ -15,7 +15,10 @@ from ..protocol import messages, wire
 from .link import WorkerLink
 from .residency import Mirror, Wired
 
-_results: dict[str, type] = {}  # numpy.linalg's result types by name, looked up once
+_results: dict[str, type] = {}
+# the worker's own times must fit in the round trip that carried them (two clocks: a little slack)
+ROUND_TRIP_SLACK = 1.05
+ROUND_TRIP_SLACK_S = 1e-3  # numpy.linalg's result types by name, looked up once
 
 
 class WorkerFault(transport.TransportError):
@@ -89,8 +92,18 @@ def _held(mirror: Mirror, wired: Wired, timing: messages.Timing, arrays: list, r
 
 def _phases(timing: messages.Timing, rec: Record, chan: transport.Channel, link: WorkerLink, prep: Prepared,
             t0: float, t1: float, t2: float, t3: float) -> float | None:
-    """The call's phases, the worker's own from its reply; returns its kernel seconds."""
+    """The call's phases, the worker's own from its reply; returns its kernel seconds. Times the
+    worker could not have spent (not finite, negative, or more than the round trip) are dropped."""
     worker_s, worker_fp = timing.phases, timing.fingerprint
+    claimed = sum(worker_s.values()) + worker_fp
+    too_long = claimed > (t2 - t1) * ROUND_TRIP_SLACK + ROUND_TRIP_SLACK_S
+    if timing.rejected or too_long:
+        why = (", ".join(timing.rejected) if timing.rejected
+               else f"{claimed * 1e3:.3g} ms of work in a {(t2 - t1) * 1e3:.3g} ms round trip")
+        link.ledger.event(f"worker at {link.url} reported impossible times for {prep.spec.kernel_id} ({why})"[:300]
+                          + ": dropped; the call's time is counted as the link's")
+        if too_long:
+            worker_s, worker_fp = {}, 0.0
     rec.phases.update(worker_s)
     if timing.oom_retry:
         link.ledger.event(f"worker ran out of memory on {prep.spec.kernel_id}; it freed its caches and the retry "

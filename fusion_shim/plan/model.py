@@ -65,6 +65,7 @@ SIGMA_OTHER = 0.5               # added: another dtype's curve, or another op's 
 SIGMA_PER_BUCKET = 0.15         # added per bucket between the call and the nearest measured bucket
 EWMA_AFTER = 8                  # past this many samples a bucket forgets (tracks drift) at 1/8
 MAX_DRIFT = math.log(20.0)      # one call's say in a model's drift is clipped to 20x either way
+MAX_RATE = 1e17                 # flop/s: a measured point beyond this (1,000x an H200) is not believed
 
 
 @dataclass
@@ -88,6 +89,12 @@ class Stat:
         self.mean += w * d
         self.lf += w * (lf - self.lf)
         self.var = (1 - w) * (self.var + w * d * d)
+
+
+def _log_points(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """(log flops, log rate) of the measured pairs that a device could have produced, sorted."""
+    return sorted((math.log(f), math.log(f / s)) for f, s in points
+                  if 0 < f < math.inf and 0 < s < math.inf and f / s <= MAX_RATE)
 
 
 def _nearest(stats: dict[int, "Stat"], b: int) -> tuple[int, "Stat"] | None:
@@ -136,14 +143,14 @@ class RateModel:
     # -- knowledge in -------------------------------------------------------------------------------
     def set_curve(self, family: str, dtype: str, points: list[tuple[float, float]]) -> None:
         """Measured (flops, seconds) pairs; the curve replaces any earlier one for that family and dtype."""
-        pts = sorted((math.log(f), math.log(f / s)) for f, s in points if f > 0 and s > 0)
+        pts = _log_points(points)
         if pts:
             self.curves[(family, dtype)] = pts
 
     def set_op_curve(self, op: str, dtype: str, points: list[tuple[float, float]]) -> None:
         """One op's own measured (flops, seconds) pairs (a worker times each decomposition's kernel):
         read before its family's curve, without the extra uncertainty of another op's."""
-        pts = sorted((math.log(f), math.log(f / s)) for f, s in points if f > 0 and s > 0)
+        pts = _log_points(points)
         if pts:
             self.op_curves[(op, dtype)] = pts
 
@@ -152,7 +159,7 @@ class RateModel:
         """Fold one measured call in; returns a message when the bucket was reset (StarPU's rule).
         ``force``: a lower bound known for certain (a call that ran out of its deadline), folded in
         even when it is far from the bucket's mean."""
-        if flops <= 0 or seconds <= 0:
+        if not (0 < flops < math.inf and 0 < seconds < math.inf):
             return None
         lf = math.log(flops)
         x = lf - math.log(seconds)

@@ -8,6 +8,7 @@ buffer goes, and reads what a ``result`` says beyond its arrays (:func:`read_tim
 """
 from __future__ import annotations
 
+import math
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -110,15 +111,23 @@ class Timing(NamedTuple):
     kept: frozenset[str]       # the call's input fingerprints it now holds
     evicted: tuple[str, ...]   # fingerprints it dropped to make room
     result_fps: tuple[str | None, ...]  # per result, its fingerprint where the worker kept it
+    rejected: tuple[str, ...] = ()      # the times left out as impossible ("kernel=nan")
 
 
 def read_timing(reply: dict) -> Timing:
-    """The worker's account of a call from a ``result`` header; a value of the wrong type is left out."""
+    """The worker's account of a call from a ``result`` header. A time of the wrong type is left
+    out; one that is not a finite number of seconds >= 0 too, and named in ``rejected``."""
     timing = reply.get("timing") if isinstance(reply.get("timing"), dict) else {}
-    phases = {k: float(v) for k, v in timing.items()
-              if k in (*WORKER_PHASES, "fingerprint") and isinstance(v, (int, float))}
+    phases: dict[str, float] = {}
+    rejected = []
+    for k, v in timing.items():
+        if k in (*WORKER_PHASES, "fingerprint") and isinstance(v, (int, float)) and not isinstance(v, bool):
+            if math.isfinite(v) and v >= 0:
+                phases[k] = float(v)
+            else:
+                rejected.append(f"{k}={v}")
     fingerprint = phases.pop("fingerprint", 0.0)
     metas = reply.get("arrays") or ()
     return Timing(phases, fingerprint, bool(timing.get("oom_retry")), frozenset(reply.get("kept") or ()),
                   tuple(reply.get("evicted") or ()),
-                  tuple(m["fp"] if isinstance(m, dict) and m.get("fp") else None for m in metas))
+                  tuple(m["fp"] if isinstance(m, dict) and m.get("fp") else None for m in metas), tuple(rejected))

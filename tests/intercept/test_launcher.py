@@ -303,8 +303,11 @@ def test_children_are_intercepted(tmp_path, launch):
     for who in ("parent", "subprocess", "spawn", "fork"):
         seen = out[who]
         assert seen["active"] and seen["wrapped"] and seen["policy"] == "auto", (who, seen)
-        assert seen["calls"] == 1, (who, seen)        # the big call was recorded...
-        assert seen["below_floor"] == 1, (who, seen)  # ...and the small one counted
+        if who == "fork":  # both intercepted; the floors are the parent's, as its own svd taught them
+            assert seen["calls"] + seen["below_floor"] == 2 and seen["below_floor"] >= 1, (who, seen)
+        else:
+            assert seen["calls"] == 1, (who, seen)        # the big call was recorded...
+            assert seen["below_floor"] == 1, (who, seen)  # ...and the small one counted
         if who != "parent":
             assert seen["pid"] != out["parent"]["pid"]
             # children reuse the parent's embedded worker instead of starting their own

@@ -22,11 +22,15 @@ NATIVE_OFF = ENV_AT_START.get("FUSION_SHIM_NATIVE", "").strip().lower() in ("0",
 for _k in ENV_AT_START:
     del os.environ[_k]
 
-CACHE_DIR = tempfile.mkdtemp(prefix="fusion-shim-test-cache-")
-os.environ["XDG_CACHE_HOME"] = CACHE_DIR
+# one directory for the whole run: pytest-xdist's workers inherit the controller's (set before they start)
+_INHERITED = os.environ.get("FUSION_TEST_CACHE_DIR") if os.environ.get("PYTEST_XDIST_WORKER") else None
+CACHE_DIR = _INHERITED or tempfile.mkdtemp(prefix="fusion-shim-test-cache-")
+os.environ["FUSION_TEST_CACHE_DIR"] = os.environ["XDG_CACHE_HOME"] = CACHE_DIR
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM",
                       "0" if os.environ.get("FUSION_DIFF_DEVICE", "cpu") != "cpu" else "1")
 
 
 def remove_cache_dir() -> None:
-    shutil.rmtree(CACHE_DIR, ignore_errors=True)
+    """At the end of the run, by the process that made it (a worker's session ends while others run)."""
+    if not _INHERITED:
+        shutil.rmtree(CACHE_DIR, ignore_errors=True)

@@ -251,8 +251,9 @@ KIDS = """\
     def probe():
         import fusion_shim, wrapt
         rt = fusion_shim.active()
-        if rt is not None and rt.link is not None:  # until a worker is ready every call is below the floor
-            rt.link.wait_ready(600)
+        # until a worker is ready every call is below the floor; under auto the embedded worker runs at
+        # idle priority (D20) and on CPUs other work keeps busy it may never be: both are checked
+        ready = rt is not None and rt.link is not None and rt.link.wait_ready(20)
         before = (fusion_shim.report() or {"ops": {}})["ops"].get("numpy.linalg.svd", {})
         # svd has the lowest floor the planner derives (26 n^3 flops on n^2 inputs, issue 5)
         big = np.eye(200) + 1.0              # 320 kB: above svd's floor on any plausible worker, recorded
@@ -264,7 +265,7 @@ KIDS = """\
         return {"pid": os.getpid(), "active": rt is not None,
                 "policy": None if rt is None else rt.config.policy,
                 "wrapped": isinstance(np.matmul, wrapt.ObjectProxy),
-                "calls": delta("calls"), "below_floor": delta("below_floor"),
+                "calls": delta("calls"), "below_floor": delta("below_floor"), "ready": ready,
                 "worker": os.environ.get("FUSION_SHIM_WORKER")}
 
     def mp_child(q):
@@ -303,7 +304,9 @@ def test_children_are_intercepted(tmp_path, launch):
     for who in ("parent", "subprocess", "spawn", "fork"):
         seen = out[who]
         assert seen["active"] and seen["wrapped"] and seen["policy"] == "auto", (who, seen)
-        if who == "fork":  # both intercepted; the floors are the parent's, as its own svd taught them
+        if not seen["ready"] or who == "fork":
+            # both intercepted: with no worker ready both below the floor (one may come meanwhile); in
+            # a fork, the floors are the parent's, as its own svd taught them
             assert seen["calls"] + seen["below_floor"] == 2 and seen["below_floor"] >= 1, (who, seen)
         else:
             assert seen["calls"] == 1, (who, seen)        # the big call was recorded...

@@ -8,7 +8,7 @@ for _k in [k for k in os.environ if k.startswith("FUSION_SHIM")]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
-    """Benchmarks time one process at a time: the test suite's ``-n 2`` (pyproject) is off here."""
+    """Benchmarks time one process at a time: ``-n`` (pytest-xdist) is off here."""
     if hasattr(config.option, "numprocesses"):
         config.option.numprocesses = 0
         config.option.dist = "no"

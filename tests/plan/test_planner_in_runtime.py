@@ -877,6 +877,7 @@ def _pin_matmul_floor(rt, monkeypatch):
     install started ends later (on a busy machine, after the test's first call)."""
     monkeypatch.setattr(rt.planner, "refresh_floors", lambda: None)
     rt.planner.floor_cells["numpy.matmul"][0] = 0
+    rt.planner._set_floor_bytes(0, ("numpy.matmul",))  # and the C fast path's copy of it
 
 
 def test_the_call_after_a_handed_off_probe_makes_it_and_is_decided_with_the_link(inproc_worker, monkeypatch):

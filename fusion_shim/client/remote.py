@@ -15,10 +15,10 @@ from ..protocol import messages, wire
 from .link import WorkerLink
 from .residency import Mirror, Wired
 
-_results: dict[str, type] = {}
+_results: dict[str, type] = {}  # numpy.linalg's result types by name, looked up once
 # the worker's own times must fit in the round trip that carried them (two clocks: a little slack)
 ROUND_TRIP_SLACK = 1.05
-ROUND_TRIP_SLACK_S = 1e-3  # numpy.linalg's result types by name, looked up once
+ROUND_TRIP_SLACK_S = 1e-3
 
 
 class WorkerFault(transport.TransportError):

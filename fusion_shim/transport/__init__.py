@@ -7,8 +7,9 @@ socket still carries every header, and stays the fallback.
 
 The one operation a caller needs is :meth:`Channel.request`: send a request (a
 :class:`~fusion_shim.protocol.messages.Request`, its buffers through a shared-memory lane when one
-is given) and wait, up to a deadline, for the reply that carries the same request id. Failures are grouped by what the caller
-can do about them: every :class:`TransportError` means "compute locally and record why".
+is given) and wait, up to a deadline, for the reply that carries the same request id. Failures are
+grouped by what the caller can do about them: every :class:`TransportError` means "compute locally
+and record why".
 
 A waiting client learns that its worker is gone without waiting out the deadline. A
 killed worker closes its connections at once; a stopped or unreachable one is found by heartbeats:

@@ -40,8 +40,8 @@ from it, and the worker writes a result there only when its byte size matches th
 
 The client's part is :class:`ClientLane` (negotiation, the pool, cleanup, one per worker link) and
 :meth:`ShmPool.stage` (one request's segments, which :meth:`~fusion_shim.transport.Channel.request`
-uses when given the pool), in :mod:`.shm_client`; the worker's is :class:`ShmMapper`, in :mod:`.shm_worker`; names, owners and
-mappings both use are in :mod:`.shm_common`. This module gathers them for the client. None imports
+uses when given the pool), in :mod:`.shm_client`; the worker's is :class:`ShmMapper`, in
+:mod:`.shm_worker`; names, owners and mappings both use are in :mod:`.shm_common`. This module gathers them for the client. None imports
 torch or the planner; the worker adds its pinned-memory staging.
 """
 from __future__ import annotations

@@ -185,9 +185,10 @@ def load_cached(key: dict, directory: str | None = None, now: Callable[[], float
         bench, taken = data["bench"], float(data["taken"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    if data.get("key") != key or not isinstance(bench, dict):
+        return None
     age = now() - taken
-    limit = CACHE_CONTENDED_S if bench.get("contended") else CACHE_CLEAN_S
-    if data.get("key") != key or not isinstance(bench, dict) or not 0 <= age <= limit:
+    if not 0 <= age <= (CACHE_CONTENDED_S if bench.get("contended") else CACHE_CLEAN_S):
         return None
     return {**bench, "cached_s": round(age, 1)}
 

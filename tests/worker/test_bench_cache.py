@@ -2,6 +2,7 @@
 taken again when stale, foreign-writable, or asked for."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -50,6 +51,9 @@ def test_a_cache_file_others_could_write_is_not_trusted(tmp_path):
     os.chmod(path, 0o600)
     with open(path, "w") as f:
         f.write("{not json")
+    assert bench.load_cached(key, str(tmp_path)) is None
+    with open(path, "w") as f:
+        json.dump({"key": key, "taken": time.time(), "bench": [1, 2]}, f)
     assert bench.load_cached(key, str(tmp_path)) is None
 
 

@@ -21,8 +21,9 @@ Security and faults:
 Residency: inputs a client tags with a fingerprint and results of at least
 ``protocol.fingerprint.RESIDENT_MIN`` bytes stay on the device in :class:`.store.ResidentStore`; a reference
 the store does not hold is answered ``missing``. An input is kept only when the bytes that came hash
-to its tag (D59): a client's wrong tag costs it the reuse, never another call its answer. A backend without ``to_device`` / ``compute`` /
-``to_host`` (a test backend) keeps nothing and answers every reference ``missing``.
+to its tag (D59): a client's wrong tag costs it the reuse, never another call its answer. A backend
+without ``to_device`` / ``compute`` / ``to_host`` (a test backend) keeps nothing and answers every
+reference ``missing``.
 
 Shared memory: on a same-host link (``ipc://``, ``inproc://``) clients may put buffers in shared memory
 (:mod:`fusion_shim.transport.shm`): inputs are read from the client's segments (staged to a GPU

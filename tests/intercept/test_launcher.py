@@ -46,6 +46,18 @@ def write(path, source: str):
     return path
 
 
+def _same_as_plain(args, cwd, code):
+    """``args`` run plainly and through the launcher: same exit status (``code``), same output;
+    returns both runs and what the probe printed first."""
+    plain = run(args, cwd)
+    shimmed = shim(args, cwd)
+    assert plain.returncode == code, plain.stderr
+    assert shimmed.returncode == plain.returncode, shimmed.stderr
+    assert shimmed.stdout == plain.stdout
+    return plain, shimmed, json.loads(shimmed.stdout.splitlines()[0])
+
+
+
 def traceback_block(stderr: str) -> str:
     """From the first "Traceback" line on, without the frames runpy adds under ``python -m``."""
     start = stderr.find("Traceback (most recent call last):")
@@ -112,13 +124,7 @@ def test_script_sees_what_plain_python_gives(tmp_path, app, invocation, kind, co
         link.symlink_to(app)
         script, cwd = "elsewhere/link.py", tmp_path
     # arguments that look like the launcher's own options belong to the program
-    args = [script, kind, "--policy", "-m", "x y"]
-    plain = run(args, cwd)
-    shimmed = shim(args, cwd)
-    assert plain.returncode == code, plain.stderr
-    assert shimmed.returncode == plain.returncode, shimmed.stderr
-    assert shimmed.stdout == plain.stdout
-    seen = json.loads(shimmed.stdout.splitlines()[0])
+    plain, shimmed, seen = _same_as_plain([script, kind, "--policy", "-m", "x y"], cwd, code)
     assert seen["name"] == "__main__" and seen["main_is_me"]
     assert seen["argv"] == [script, kind, "--policy", "-m", "x y"]
     assert seen["path0"] == str(app.parent)  # the script's real directory, as plain python gives
@@ -165,13 +171,7 @@ def test_dash_m_module_sees_what_plain_python_gives(tmp_path, target, kind, code
     write(tmp_path / "pkg" / "__init__.py", "INIT = True\n")
     write(tmp_path / "pkg" / "tool.py", PROBE)
     write(tmp_path / "pkg" / "__main__.py", PROBE)
-    args = ["-m", target, kind, "arg two"]
-    plain = run(args, tmp_path)
-    shimmed = shim(args, tmp_path)
-    assert plain.returncode == code, plain.stderr
-    assert shimmed.returncode == plain.returncode, shimmed.stderr
-    assert shimmed.stdout == plain.stdout
-    seen = json.loads(shimmed.stdout.splitlines()[0])
+    plain, shimmed, seen = _same_as_plain(["-m", target, kind, "arg two"], tmp_path, code)
     assert seen["name"] == "__main__" and seen["package"] == "pkg"
     assert seen["path0"] == str(tmp_path)
     if kind == "raise":

@@ -100,7 +100,10 @@ def sweep_stale(only_owner: str | None = None) -> list[str]:
     return removed
 
 
-def map_segment(name: str, size: int | None, writable: bool, create: bool) -> tuple[mmap.mmap, int]:
+def map_segment(name: str, size: int | None, writable: bool, create: bool,
+                uid: int | None = None) -> tuple[mmap.mmap, int]:
+    """Map segment ``name`` (creating it with ``size`` bytes when ``create``); ``uid``: it must
+    belong to that user (a worker mapping a segment an ipc peer named)."""
     path = os.path.join(SHM_DIR, name)
     flags = os.O_RDWR if writable or create else os.O_RDONLY
     if create:
@@ -113,7 +116,10 @@ def map_segment(name: str, size: int | None, writable: bool, create: bool) -> tu
         if create:
             os.ftruncate(fd, size)
         else:
-            size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if uid is not None and st.st_uid != uid:
+                raise ShmError(f"segment {name} belongs to uid {st.st_uid}, not to the peer's {uid}")
+            size = st.st_size
         if size <= 0:
             raise ShmError(f"segment {name} is empty")
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable or create else 0)

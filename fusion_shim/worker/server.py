@@ -13,14 +13,18 @@ Security and faults:
   the socket as well, so a larger frame is dropped with its connection before it is buffered.
 - A call declares its results; they count against the budget before the kernel runs, FFT sizes
   (``n``, ``s``) must fit them, and a kernel that returns anything else is answered with an error.
-- Out of memory: the resident store is emptied (but for this call's inputs), caches are freed and
+- Out of memory: the caller's resident entries are dropped (but for this call's inputs), caches are freed and
   the call is tried once more, then answered with an ``out_of_memory`` error (the client computes
   it locally).
 - ``hello`` runs a health check through the same path as a call and compares the answer exactly.
 
+Principals (D60, :mod:`fusion_shim.transport.principal`): each request belongs to the principal of its connection (a
+CURVE key, an ``ipc://`` peer's uid, else one anonymous principal). Resident entries, mapped
+segments, counters and stats are kept per principal; nothing of one is visible to another.
+
 Residency: inputs a client tags with a fingerprint and results of at least
 ``protocol.fingerprint.RESIDENT_MIN`` bytes stay on the device in :class:`.store.ResidentStore`; a reference
-the store does not hold is answered ``missing``. An input is kept only when the bytes that came hash
+the store does not hold for the caller's principal is answered ``missing``. An input is kept only when the bytes that came hash
 to its tag (D59): a client's wrong tag costs it the reuse, never another call its answer. A backend
 without ``to_device`` / ``compute`` / ``to_host`` (a test backend) keeps nothing and answers every
 reference ``missing``.
@@ -50,6 +54,7 @@ from ..protocol.fingerprint import RESIDENT_MIN, fingerprint
 from ..transport import check_url, context, is_loopback, send_frames
 from ..transport import shm_common
 from ..transport.shm_worker import ShmMapper
+from ..transport.principal import ANON, Principal, principal_of
 from .store import ResidentStore, default_budget
 
 MAX_MESSAGE_BYTES = 1 << 36
@@ -81,15 +86,16 @@ class Worker:
         self.kernels = kernels
         self.backend = backend
         self.max_bytes = max_bytes
-        self.traffic = {"calls": 0, "bytes_in": 0, "bytes_out": 0}  # call messages, counted at the socket
+        self.traffic: dict[str, dict[str, int]] = {}  # principal -> call messages, counted at the socket
         self.info: dict[str, Any] = {}
         self.last_was_call = False
         self.resident = hasattr(backend, "compute")  # residency needs a device-level backend
         budget = memory_budget if memory_budget is not None else (
             default_budget(backend.device) if self.resident else 0)
         self.store = ResidentStore(budget)
-        self.fingerprint_mismatches = 0  # inputs whose bytes did not hash to their tag: not kept
+        self.fingerprint_mismatches: dict[str, int] = {}  # principal -> inputs whose bytes did not hash to their tag
         self.shm: ShmMapper | None = None  # clients' segments, on a same-host link
+        self.principal = ANON  # whose request is being handled
 
     def enable_shm(self, url: str) -> None:
         """Offer the shared-memory lane to clients of ``url``: same-host schemes only, never tcp."""
@@ -126,8 +132,23 @@ class Worker:
             return f"health check: a 2x2 matmul gave {[np.asarray(o).tolist() for o in out]}, not {_HEALTH_AB.tolist()}"
         return None
 
-    def handle(self, frames: list) -> list:
-        """One request in, one reply out; never raises."""
+    def stats(self, principal: Principal) -> dict[str, Any]:
+        """What ``principal`` may learn of this worker: its own traffic, entries, segments and mismatches."""
+        traffic = self.traffic.get(principal.name, {"calls": 0, "bytes_in": 0, "bytes_out": 0})
+        shm_stats = self.shm.stats_for(principal) if self.shm is not None else {}
+        return {**traffic, **self.store.stats(principal.name), **shm_stats,
+                "fingerprint_mismatches": self.fingerprint_mismatches.get(principal.name, 0)}
+
+    def count(self, principal: Principal, bytes_in: int, bytes_out: int) -> None:
+        """A call message answered for ``principal``: its bytes each way."""
+        t = self.traffic.setdefault(principal.name, {"calls": 0, "bytes_in": 0, "bytes_out": 0})
+        t["calls"] += 1
+        t["bytes_in"] += bytes_in
+        t["bytes_out"] += bytes_out
+
+    def handle(self, frames: list, principal: Principal = ANON) -> list:
+        """One request of ``principal`` in, one reply out; never raises."""
+        self.principal = principal
         reply = self._handle(frames)
         mapped = self.shm.take_new() if self.shm is not None else None
         # the client may unlink the names mapped while handling it
@@ -138,15 +159,14 @@ class Worker:
         self.last_was_call = False
         try:
             if self.shm is not None and frames:
-                self.shm.drop(wire.decode_header(frames[0]).get("shm_drop"))
-            header, arrays = wire.decode(frames, max_bytes=self.max_bytes, segments=self.shm)
+                self.shm.drop(wire.decode_header(frames[0]).get("shm_drop"), self.principal)
+            segments = self.shm.acting_for(self.principal) if self.shm is not None else None
+            header, arrays = wire.decode(frames, max_bytes=self.max_bytes, segments=segments)
             rid = header["id"]
             kind = header["t"]
             self.last_was_call = kind == "call"
             if kind == "stats":
-                shm_stats = {**self.shm.stats, "shm_live": len(self.shm)} if self.shm is not None else {}
-                return messages.stats(rid, {**self.traffic, **self.store.stats(), **shm_stats,
-                                             "fingerprint_mismatches": self.fingerprint_mismatches})
+                return messages.stats(rid, self.stats(self.principal))
             if kind == "hello":
                 t = time.perf_counter()
                 sick = self.health()
@@ -154,7 +174,7 @@ class Worker:
                     return messages.error(rid, "unhealthy", "HealthCheck", sick)
                 shm = None
                 if "shm" in header:
-                    shm = (self.shm.answer_probe(header["shm"]) if self.shm is not None
+                    shm = (self.shm.answer_probe(header["shm"], self.principal) if self.shm is not None
                            else {"ok": False, "why": "this worker's link is not same-host (ipc://)"})
                 return messages.ready(rid, self.info, time.perf_counter() - t, shm)
             if kind != "call":
@@ -195,7 +215,7 @@ class Worker:
             slots = [None] * len(declared)
         # result slots in the client's segments, mapped before the kernel: a bad one is
         # a bad request, and a result is written straight into its slot
-        dests = [self.shm.out_view(slot, math.prod(shape) * dt.itemsize) if slot is not None else None
+        dests = [self.shm.out_view(slot, math.prod(shape) * dt.itemsize, self.principal) if slot is not None else None
                  for slot, (dt, shape) in zip(slots, declared)]
         return kernel, declared, dests, slots
 
@@ -242,7 +262,7 @@ class Worker:
         tensors, missing = [], []
         for meta, a in zip(metas, arrays):
             if isinstance(a, wire.Ref):
-                t = self.store.get(a.fp, {"dtype": a.dtype.str, "shape": list(a.shape), "order": a.order})
+                t = self.store.get(self.principal.name, a.fp, {"dtype": a.dtype.str, "shape": list(a.shape), "order": a.order})
                 if t is None:
                     missing.append(a.fp)
                 tensors.append(t)
@@ -262,9 +282,10 @@ class Worker:
                 received = _received_fingerprint(meta, a)
                 checked_s += time.perf_counter() - c
                 if received == meta["fp"]:
-                    evicted += self.store.put(meta["fp"], self._owned(t), meta, held)
+                    evicted += self.store.put(self.principal.name, meta["fp"], self._owned(t), meta, held)
                 else:  # D59: kept only under the fingerprint of the bytes that came
-                    self.fingerprint_mismatches += 1
+                    who = self.principal.name
+                    self.fingerprint_mismatches[who] = self.fingerprint_mismatches.get(who, 0) + 1
         self.backend.sync()
         t1 = time.perf_counter()
         timing: dict[str, float] = {"fingerprint": checked_s} if checked_s else {}
@@ -273,7 +294,7 @@ class Worker:
         except Exception as exc:
             if not _is_oom(exc):
                 raise
-            evicted += self.store.evict_all(except_=held)
+            evicted += self.store.evict_all(self.principal.name, except_=held)
             _free_memory(self.backend)
             results = self.backend.compute(kernel, tensors, params, layouts)
             timing["oom_retry"] = 1.0
@@ -286,7 +307,7 @@ class Worker:
         if header.get("keep") is True:  # keep results, say their fingerprints
             extra["fps"], extra["evicted"] = self._keep(results, out, held, evicted)
             timing["fingerprint"] = timing.get("fingerprint", 0.0) + time.perf_counter() - t3
-        extra["kept"] = [fp for fp in held if fp in self.store]  # what the client may send by reference
+        extra["kept"] = [fp for fp in held if self.store.holds(self.principal.name, fp)]  # what the client may send by reference
         return out, timing, extra
 
     def _keep(self, results: list, out: list, held: set, evicted: list) -> tuple[list, list]:
@@ -297,8 +318,8 @@ class Worker:
                 continue
             meta, buf = wire.to_wire(host)
             fp = fingerprint(meta, buf)
-            evicted = evicted + self.store.put(fp, self._owned(dev), meta, held)
-            fps.append(fp if fp in self.store else None)  # too large for the budget: not kept
+            evicted = evicted + self.store.put(self.principal.name, fp, self._owned(dev), meta, held)
+            fps.append(fp if self.store.holds(self.principal.name, fp) else None)  # too large for the budget: not kept
         return fps, evicted
 
     def _owned(self, t: Any) -> Any:
@@ -455,13 +476,13 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
                 continue  # no routing identity: nothing to answer to
             if on_request is not None:
                 on_request(frames[1:])
-            reply = worker.handle(frames[1:])
+            principal = principal_of(frames[1], keys is not None)
+            reply = worker.handle(frames[1:], principal)
             try:
                 sent = send_frames(sock, reply, prefix=[frames[0].bytes])
                 if worker.last_was_call:
-                    worker.traffic["calls"] += 1
-                    worker.traffic["bytes_in"] += sum(f.nbytes if hasattr(f, "nbytes") else len(f) for f in frames[1:])
-                    worker.traffic["bytes_out"] += sent or 0
+                    worker.count(principal, sum(f.nbytes if hasattr(f, "nbytes") else len(f) for f in frames[1:]),
+                                 sent or 0)
             except zmq.ZMQError as exc:  # the client vanished between request and reply
                 print(f"fusion_shim worker: reply not sent: {exc}", file=sys.stderr)
     finally:

@@ -1,9 +1,10 @@
-"""The worker's resident store: device tensors kept by content fingerprint, under a byte
-budget, evicted least-recently-used. Inputs a client tagged with a fingerprint and results of at
-least ``protocol.fingerprint.RESIDENT_MIN`` bytes are kept. Entries are stored C-ordered under the
-canonical identity of their bytes (:func:`fusion_shim.protocol.fingerprint.canonical`); a reference
-to the same bytes in F order gets the transposed view. An entry is only used for a reference whose
-dtype and canonical shape match it exactly.
+"""The worker's resident store: device tensors kept by content fingerprint for the principal that
+sent them (D60), under one byte budget, evicted least-recently-used. Inputs a client tagged with a
+fingerprint and results of at least ``protocol.fingerprint.RESIDENT_MIN`` bytes are kept. Entries
+are stored C-ordered under the canonical identity of their bytes
+(:func:`fusion_shim.protocol.fingerprint.canonical`); a reference to the same bytes in F order gets
+the transposed view. An entry is only used for a reference of its own principal whose dtype and
+canonical shape match it exactly: another principal's entry is a miss like any other.
 """
 from __future__ import annotations
 
@@ -12,80 +13,101 @@ from typing import Any
 
 from ..protocol.fingerprint import canonical
 
+_COUNTERS = ("evictions", "resident_hits", "resident_misses")
+
 
 class ResidentStore:
     def __init__(self, budget: int):
         self.budget = int(budget)
-        self._items: OrderedDict[str, tuple[Any, tuple]] = OrderedDict()  # fp -> (tensor, (dtype, shape, order))
+        # (principal, fp) -> (tensor, (dtype, shape, order), nbytes)
+        self._items: OrderedDict[tuple[str, str], tuple[Any, tuple, int]] = OrderedDict()
         self.nbytes = 0
-        self.evictions = 0
-        self.hits = 0
-        self.misses = 0
+        self._held: dict[str, int] = {}  # principal -> bytes it holds
+        self._counts: dict[str, dict[str, int]] = {}
 
-    def get(self, fp: str, meta: dict) -> Any | None:
-        """The tensor held for ``fp``, viewed as ``meta`` (dtype, shape, order) asks; None if not held."""
-        item = self._items.get(fp)
+    def _count(self, owner: str, what: str, n: int = 1) -> None:
+        counts = self._counts.setdefault(owner, dict.fromkeys(_COUNTERS, 0))
+        counts[what] += n
+
+    def get(self, owner: str, fp: str, meta: dict) -> Any | None:
+        """The tensor ``owner`` keeps as ``fp``, viewed as ``meta`` (dtype, shape, order) asks; None if
+        it keeps none."""
+        item = self._items.get((owner, fp))
         if item is None or item[1] != canonical(meta):
-            self.misses += 1
+            self._count(owner, "resident_misses")
             return None
-        self._items.move_to_end(fp)
-        self.hits += 1
+        self._items.move_to_end((owner, fp))
+        self._count(owner, "resident_hits")
         t = item[0]
         return t if meta["order"] == "C" else t.permute(*range(t.ndim - 1, -1, -1))
 
-    def put(self, fp: str, tensor: Any, meta: dict, pinned: set[str] | frozenset = frozenset()) -> list[str]:
-        """Keep ``tensor`` (laid out as ``meta`` says); returns the fingerprints evicted to make room
-        (never one in ``pinned``: the inputs of the call in progress). A tensor larger than the
-        budget is not kept."""
+    def holds(self, owner: str, fp: str) -> bool:
+        return (owner, fp) in self._items
+
+    def put(self, owner: str, fp: str, tensor: Any, meta: dict,
+            pinned: set[str] | frozenset = frozenset()) -> list[str]:
+        """Keep ``tensor`` (laid out as ``meta`` says) for ``owner``; returns the fingerprints of
+        ``owner``'s entries evicted to make room (never one in ``pinned``: the inputs of the call in
+        progress). Room is made from ``owner``'s own entries first; another principal's evicted
+        entry is not named (it learns of it as a miss). A tensor larger than the budget is not kept."""
         key = canonical(meta)
         if meta["order"] == "F":
             tensor = tensor.permute(*range(tensor.ndim - 1, -1, -1))  # its C-ordered canonical view
         size = tensor.numel() * tensor.element_size()
-        if fp in self._items:
-            self._items.move_to_end(fp)
+        if (owner, fp) in self._items:
+            self._items.move_to_end((owner, fp))
             return []
         if size > self.budget:
             return []
-        evicted = []
-        for old in list(self._items):
-            if self.nbytes + size <= self.budget:
-                break
-            if old in pinned:
-                continue
-            t, _ = self._items.pop(old)
-            self.nbytes -= t.numel() * t.element_size()
-            self.evictions += 1
-            evicted.append(old)
+        evicted: list[str] = []
+        if self.nbytes + size > self.budget:
+            own = [k for k in self._items if k[0] == owner and k[1] not in pinned]
+            for old in own + [k for k in self._items if k[0] != owner]:
+                if self.nbytes + size <= self.budget:
+                    break
+                self._drop(old)
+                if old[0] == owner:
+                    evicted.append(old[1])
         if self.nbytes + size > self.budget:
             return evicted
-        self._items[fp] = (tensor, key)
+        self._items[(owner, fp)] = (tensor, key, size)
         self.nbytes += size
+        self._held[owner] = self._held.get(owner, 0) + size
         return evicted
 
-    def evict_all(self, except_: set[str] | frozenset = frozenset()) -> list[str]:
-        """Drop everything but ``except_`` (out of device memory: make all the room there is)."""
-        gone = [fp for fp in self._items if fp not in except_]
-        for fp in gone:
-            t, _ = self._items.pop(fp)
-            self.nbytes -= t.numel() * t.element_size()
-        self.evictions += len(gone)
-        return gone
+    def _drop(self, k: tuple[str, str]) -> None:
+        _, _, size = self._items.pop(k)
+        self.nbytes -= size
+        self._held[k[0]] -= size
+        self._count(k[0], "evictions")
+
+    def evict_all(self, owner: str, except_: set[str] | frozenset = frozenset()) -> list[str]:
+        """Drop all of ``owner``'s entries but ``except_`` (its call ran out of device memory: make
+        the room its own entries take; other principals' stay)."""
+        gone = [k for k in self._items if k[0] == owner and k[1] not in except_]
+        for k in gone:
+            self._drop(k)
+        return [fp for _, fp in gone]
 
     def __contains__(self, fp: str) -> bool:
-        return fp in self._items
+        """Whether any principal keeps ``fp`` (for tests; the worker asks :meth:`holds`)."""
+        return any(k[1] == fp for k in self._items)
 
     def clear(self) -> list[str]:
-        gone = list(self._items)
+        gone = [fp for _, fp in self._items]
         self._items.clear()
         self.nbytes = 0
+        self._held.clear()
         return gone
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def stats(self) -> dict[str, int]:
-        return {"resident_entries": len(self._items), "resident_bytes": self.nbytes, "resident_budget": self.budget,
-                "evictions": self.evictions, "resident_hits": self.hits, "resident_misses": self.misses}
+    def stats(self, owner: str) -> dict[str, int]:
+        """What ``owner`` may know: its own entries and counters, and the budget they share."""
+        counts = self._counts.get(owner, dict.fromkeys(_COUNTERS, 0))
+        return {"resident_entries": sum(1 for k in self._items if k[0] == owner),
+                "resident_bytes": self._held.get(owner, 0), "resident_budget": self.budget, **counts}
 
 
 def default_budget(device: Any) -> int:

@@ -22,6 +22,7 @@ import fusion_shim
 from fusion_shim.protocol import messages, wire
 from fusion_shim.config import Config, ConfigError
 from fusion_shim.transport import Channel, shm, shm_client
+from fusion_shim.transport.principal import ANON
 
 from tests.helpers.shims import READY_S, last_record
 
@@ -125,7 +126,7 @@ def test_a_shm_meta_without_negotiation_is_refused():
 
 def test_mapper_refuses_bad_locators():
     pool = shm.ShmPool()
-    mapper = shm.ShmMapper()
+    mapper = shm.ShmMapper().acting_for(ANON)
     try:
         seg = pool.acquire("i", 1000)
         dt = np.dtype("f8")

@@ -73,9 +73,9 @@ class Counted:
         self.handled = 0
         handle = self.worker.handle
 
-        def counting_handle(frames):
+        def counting_handle(frames, *principal):
             self.handled += 1
-            return handle(frames)
+            return handle(frames, *principal)
 
         self.worker.handle = counting_handle
 

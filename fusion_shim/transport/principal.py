@@ -1,0 +1,42 @@
+"""Who is on the other end of a worker's connection (D60): the principal it keeps that client's data under.
+
+- a CURVE connection: its client's public key (``key:<z85>``), which the ZAP handler checked;
+- an ``ipc://`` connection: the peer's uid, read by the kernel (``uid:<n>``, SO_PEERCRED);
+- anything else (``inproc://``, an unauthenticated tcp bind): one anonymous principal, ``anon``.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import zmq
+
+
+class Principal(NamedTuple):
+    name: str          # what the worker keeps data under
+    uid: int | None    # the peer's uid on an ipc:// connection: a segment it names must be its own
+
+
+ANON = Principal("anon", None)
+
+
+def principal_of(frame: Any, curve: bool) -> Principal:
+    """The principal of the connection ``frame`` (a ``zmq.Frame`` of the request) came over;
+    ``curve``: the socket is a CURVE server, whose ZAP handler named each client's key."""
+    uid = _uid_of(_property(frame, b"Peer-Address"))
+    key = _property(frame, b"User-Id") if curve else None  # asked only where set: a miss raises (5 us)
+    if key:
+        return Principal(f"key:{key}", uid)
+    return Principal(f"uid:{uid}", uid) if uid is not None else ANON
+
+
+def _property(frame: Any, name: str) -> Any:
+    try:
+        return frame.get(name)
+    except (zmq.ZMQError, AttributeError, TypeError):
+        return None
+
+
+def _uid_of(peer: Any) -> int | None:
+    """The uid in an ipc peer address (``<host>:<uid>:<gid>:<pid>``); None for any other."""
+    parts = str(peer or "").rsplit(":", 3)
+    return int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else None

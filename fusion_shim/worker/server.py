@@ -23,11 +23,11 @@ CURVE key, an ``ipc://`` peer's uid, else one anonymous principal). Resident ent
 segments, counters and stats are kept per principal; nothing of one is visible to another.
 
 Residency: inputs a client tags with a fingerprint and results of at least
-``protocol.fingerprint.RESIDENT_MIN`` bytes stay on the device in :class:`.store.ResidentStore`; a reference
-the store does not hold for the caller's principal is answered ``missing``. An input is kept only when the bytes that came hash
-to its tag (D59): a client's wrong tag costs it the reuse, never another call its answer. A backend
-without ``to_device`` / ``compute`` / ``to_host`` (a test backend) keeps nothing and answers every
-reference ``missing``.
+``protocol.fingerprint.RESIDENT_MIN`` bytes stay on the device in :class:`.store.ResidentStore`; a
+reference the store does not hold for the caller's principal is answered ``missing``. An input is
+kept only when the bytes that came hash to its tag (D59): a client's wrong tag costs it the reuse,
+never another call its answer. A backend without ``to_device`` / ``compute`` / ``to_host`` (a test
+backend) keeps nothing and answers every reference ``missing``.
 
 Shared memory: on a same-host link (``ipc://``, ``inproc://``) clients may put buffers in shared memory
 (:mod:`fusion_shim.transport.shm`): inputs are read from the client's segments (staged to a GPU
@@ -262,7 +262,8 @@ class Worker:
         tensors, missing = [], []
         for meta, a in zip(metas, arrays):
             if isinstance(a, wire.Ref):
-                t = self.store.get(self.principal.name, a.fp, {"dtype": a.dtype.str, "shape": list(a.shape), "order": a.order})
+                ref = {"dtype": a.dtype.str, "shape": list(a.shape), "order": a.order}
+                t = self.store.get(self.principal.name, a.fp, ref)
                 if t is None:
                     missing.append(a.fp)
                 tensors.append(t)
@@ -307,7 +308,8 @@ class Worker:
         if header.get("keep") is True:  # keep results, say their fingerprints
             extra["fps"], extra["evicted"] = self._keep(results, out, held, evicted)
             timing["fingerprint"] = timing.get("fingerprint", 0.0) + time.perf_counter() - t3
-        extra["kept"] = [fp for fp in held if self.store.holds(self.principal.name, fp)]  # what the client may send by reference
+        # what the client may send by reference
+        extra["kept"] = [fp for fp in held if self.store.holds(self.principal.name, fp)]
         return out, timing, extra
 
     def _keep(self, results: list, out: list, held: set, evicted: list) -> tuple[list, list]:

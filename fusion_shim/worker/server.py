@@ -12,7 +12,9 @@ Security and faults:
   which warns loudly. ``max_bytes`` is the budget of one message; it is ZeroMQ's ``MAXMSGSIZE`` on
   the socket as well, so a larger frame is dropped with its connection before it is buffered.
 - A call declares its results; they count against the budget before the kernel runs, FFT sizes
-  (``n``, ``s``) must fit them, and a kernel that returns anything else is answered with an error.
+  (``n``, ``s``) must fit them, a call whose shapes make more result elements than it declared
+  (:mod:`.shapes`: ``kron``, ``outer``, ``einsum``, ...) is refused before it runs (D61), and a
+  kernel that returns anything else is answered with an error.
 - Out of memory: the caller's resident entries are dropped (but for this call's inputs), caches are freed and
   the call is tried once more, then answered with an ``out_of_memory`` error (the client computes
   it locally).
@@ -55,6 +57,7 @@ from ..transport import check_url, context, is_loopback, send_frames
 from ..transport import shm_common
 from ..transport.shm_worker import ShmMapper
 from ..transport.principal import ANON, Principal, principal_of
+from .shapes import over_declared
 from .store import ResidentStore, default_budget
 
 MAX_MESSAGE_BYTES = 1 << 36
@@ -103,6 +106,8 @@ class Worker:
             self.shm = ShmMapper()
 
     def idle(self) -> None:
+        """Housekeeping between requests: the segments of clients that died are swept (at most
+        once a second, so a worker that is never idle still sweeps)."""
         if self.shm is not None:
             self.shm.sweep()
 
@@ -207,7 +212,8 @@ class Worker:
             header.get("results"), self.max_bytes - sum(a.nbytes for a in arrays if not isinstance(a, wire.Ref)))
         if len(declared) != len(layouts):
             raise _Refusal("bad_request", "WireError", f"{len(declared)} declared results, {len(layouts)} layouts")
-        too_big = _size_params_over(header["op"], params, declared)
+        too_big = _size_params_over(header["op"], params, declared) or over_declared(
+            header["op"], [tuple(a.shape) for a in arrays], params, declared)  # D61: before any allocation
         if too_big:
             raise _Refusal("bad_request", "WireError", too_big)
         slots = header.get("out_shm") if self.shm is not None else None
@@ -487,6 +493,7 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
                                  sent or 0)
             except zmq.ZMQError as exc:  # the client vanished between request and reply
                 print(f"fusion_shim worker: reply not sent: {exc}", file=sys.stderr)
+            worker.idle()
     finally:
         sock.close(linger=0)
         if worker.shm is not None:

@@ -15,6 +15,11 @@ key pair and installs a ZAP authenticator (``zmq.auth.thread.ThreadAuthenticator
 exactly the keys in ``DIR/authorized``: an unknown key, a client without CURVE, or a client holding
 a wrong server key never completes the handshake, so none of its frames reach the worker's loop.
 The allow-list is read when the worker starts; restart it after adding a client.
+
+OpenSSH's rule for its own files holds for these (D62): the directory, its allow-list and every
+key file must belong to the user who reads them (or to root) and be writable by no one else; a key
+pair must also be unreadable by others. Anything else is refused with a message naming the path:
+a directory another user created could carry that user's key in its allow-list.
 """
 from __future__ import annotations
 
@@ -28,7 +33,24 @@ ALLOWED_DIR = "authorized"
 
 
 class KeyFileError(ValueError):
-    """A key file or directory is missing, malformed or readable by others."""
+    """A key file or directory is missing, malformed, not the user's own, or open to others."""
+
+
+def check_owned(path: str, unreadable: str = "cannot be read") -> os.stat_result:
+    """``path``'s status, if it belongs to this user (or root) and no one else may write to it;
+    else KeyFileError naming it (``unreadable``: what to call a path that cannot be read)."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise KeyFileError(f"{path}: {unreadable} ({exc})") from None
+    me = os.geteuid()
+    if st.st_uid not in (me, 0):
+        raise KeyFileError(f"{path} belongs to uid {st.st_uid}, not to you (uid {me}): refused, since its "
+                           "owner could change the keys in it")
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise KeyFileError(f"{path} is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
+                           f"chmod go-w {path}")
+    return st
 
 
 def _write_key_file(path: str, public: bytes, secret: bytes | None) -> None:
@@ -59,6 +81,9 @@ def make_keys(directory: str, clients: list[str]) -> dict[str, list[str]]:
     for name in clients:
         if not name or os.sep in name or name.startswith(".") or name == SERVER:
             raise KeyFileError(f"client name {name!r} is invalid: a plain file name, not {SERVER!r}")
+    for existing in (directory, os.path.join(directory, ALLOWED_DIR)):
+        if os.path.lexists(existing):  # another user's directory is not made ours by a chmod
+            _check_mine(existing)
     os.makedirs(os.path.join(directory, ALLOWED_DIR), mode=0o700, exist_ok=True)
     os.chmod(directory, 0o700)
     os.chmod(os.path.join(directory, ALLOWED_DIR), 0o700)
@@ -82,10 +107,20 @@ def make_keys(directory: str, clients: list[str]) -> dict[str, list[str]]:
     return written
 
 
+def _check_mine(path: str) -> None:
+    """A directory the user will write keys into: it must be the user's own, whatever its mode
+    (``make_keys`` then closes it to 0700)."""
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid():
+        raise KeyFileError(f"{path} belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}), or is a link: "
+                           "refused, since its owner could add keys to it; pick another directory")
+
+
 def load_public(path: str) -> bytes:
     """The public key in a certificate file (z85, 40 bytes)."""
     import zmq.auth
 
+    check_owned(path, "not a CURVE key file")
     try:
         public, _ = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as exc:
@@ -99,8 +134,8 @@ def load_pair(path: str) -> tuple[bytes, bytes]:
     """The (public, secret) key pair in a ``.key_secret`` file, which must be private to its owner."""
     import zmq.auth
 
+    mode = check_owned(path, "not a CURVE key file").st_mode
     try:
-        mode = os.stat(path).st_mode
         public, secret = zmq.auth.load_certificate(path)
     except (OSError, ValueError) as exc:
         raise KeyFileError(f"{path}: not a CURVE key file ({exc})") from None
@@ -118,9 +153,12 @@ def secure_server(ctx: Any, sock: Any, keys_dir: str) -> Any:
     the running authenticator, to be stopped with the socket. Fails closed: no allow-list, no start."""
     from zmq.auth.thread import ThreadAuthenticator
 
+    check_owned(keys_dir)
     public, secret = load_pair(os.path.join(keys_dir, SERVER + ".key_secret"))
     allowed = os.path.join(keys_dir, ALLOWED_DIR)
-    if not os.path.isdir(allowed):
+    if os.path.isdir(allowed):
+        check_owned(allowed)
+    else:
         raise KeyFileError(f"{allowed} is missing: it holds the public keys of the clients to accept "
                         "(fusion-shim keys DIR --client NAME)")
     for name in os.listdir(allowed):

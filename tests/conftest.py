@@ -4,6 +4,7 @@ Files that want it installed once per module, or with other options, make their 
 with :func:`tests.helpers.shims.shim_fixture`."""
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -50,3 +51,11 @@ def sock_dir():
 @pytest.fixture
 def python():
     return sys.executable
+
+
+def pytest_configure(config):
+    """Under pytest-xdist every test process has its own BLAS and torch threads: each held to one,
+    so that two processes on two cores do not each spin two (set before the workers start)."""
+    if getattr(config.option, "numprocesses", None) and not os.environ.get("PYTEST_XDIST_WORKER"):
+        for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, "1")

@@ -13,7 +13,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 import weakref
@@ -24,7 +23,7 @@ from ..config import Config
 from ..ledger import Ledger
 from ..protocol import messages
 from ..transport import shm as shmlane
-from . import embedded, linkprobe
+from . import embedded, linkprobe, rundir
 from .residency import Mirror
 
 MAX_RESTARTS = 2  # an embedded worker that died is restarted this many times, then the run stays local
@@ -87,9 +86,16 @@ class WorkerLink:
         """The shared-memory pool for this worker, where the lane was negotiated."""
         return self.lane.pool()
 
-    def _spawn(self) -> None:
+    def make_tmpdir(self) -> str:
+        """This run's directory for the embedded worker's socket and log (D63)."""
         if self.tmpdir is None:
-            self.tmpdir = tempfile.mkdtemp(prefix="fusion-shim-")
+            self.tmpdir, why = rundir.new_run_dir()
+            if why:
+                self.ledger.event(f"runtime directory refused: {why}")
+        return self.tmpdir
+
+    def _spawn(self) -> None:
+        self.make_tmpdir()
         self.url = f"ipc://{self.tmpdir}/worker-{self.restarts}.sock"
         self.proc = embedded.spawn(self.url, self.tmpdir, self.config.device, self.config.policy)
         self.state = "starting"  # a cold worker: under policy remote calls wait for it, as at start
@@ -397,6 +403,18 @@ class WorkerLink:
                 self.proc.kill()
                 self.proc.wait()
         if self.tmpdir and os.getpid() == self.owner:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def remove_leftovers(self) -> None:
+        """The embedded worker told to stop and this run's directory removed, taking no lock."""
+        if os.getpid() != self.owner:
+            return
+        if self.proc is not None and self.proc.returncode is None:
+            try:
+                self.proc.terminate()
+            except OSError:
+                pass
+        if self.tmpdir:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
     def _close_shm(self) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import inspect
 import os
 import queue
-import tempfile
 import threading
 import time
 from typing import Any, Callable
@@ -122,8 +121,7 @@ class Runtime:
         timer.daemon = True
         timer.start()
         if self.export_env:  # children connect to the worker this process will start, never their own
-            self.link.tmpdir = tempfile.mkdtemp(prefix="fusion-shim-")
-            os.environ["FUSION_SHIM_WORKER"] = self.link.url = f"ipc://{self.link.tmpdir}/worker-0.sock"
+            os.environ["FUSION_SHIM_WORKER"] = self.link.url = f"ipc://{self.link.make_tmpdir()}/worker-0.sock"
 
     def _start_deferred(self) -> None:
         """The deferred embedded CPU worker: the program has run long enough to pay for its start."""
@@ -146,6 +144,12 @@ class Runtime:
             if self._bg_queue is not None and self._bg_pid == os.getpid():
                 self._bg_queue.put((None, ""))  # the background thread ends after its current job
                 self._bg_queue = None
+
+    def remove_leftovers(self) -> None:
+        """On SIGTERM: each embedded worker told to stop, this run's directories removed (no lock is
+        taken: the signal may have interrupted this runtime's own code)."""
+        for link in self.links:
+            link.remove_leftovers()
 
     def after_fork_in_child(self) -> None:
         self.ledger.reset_after_fork()

@@ -35,6 +35,7 @@ import zmq
 
 from ..protocol import wire
 from ..protocol.messages import Request
+from .principal import peer_uid
 
 if TYPE_CHECKING:
     from .shm_client import ShmPool
@@ -184,6 +185,10 @@ class Channel:
         self.disconnects = 0             # of the data socket, after a handshake
         self.pulse_up = self.pulse_seen = False
         self.curve = curve is not None
+        # D64: on ipc:// only a process of this user (or root) may answer; checked before the first
+        # request of each connection and on every reply
+        self.peer_uids = {os.geteuid(), 0} if url.startswith("ipc://") else None
+        self._verified = 0  # the handshakes whose listener was checked
         ctx = context()
         self.sock = ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -284,6 +289,20 @@ class Channel:
         staged.finish(header)
         return Answer(header, arrays, t, staged.sent, staged.received, note)
 
+    def _check_listener(self) -> None:
+        """The ipc socket file of a new connection belongs to a process of this user (or root)."""
+        path = self.url[len("ipc://"):]
+        try:
+            self._check_peer(os.stat(path).st_uid)
+        except OSError:
+            pass  # gone again: its reply, if any, is checked
+        self._verified = self.handshakes
+
+    def _check_peer(self, uid: int | None) -> None:
+        if uid is not None and uid not in self.peer_uids:
+            raise Refused(f"the process at {self.url} runs as uid {uid}, not as this user (uid {os.geteuid()}): "
+                          "refused, nothing is sent to it")
+
     def _roundtrip(self, rid: int, frames: Sequence[Any], deadline: float, alive: Callable[[], bool] | None,
                    segments: Any) -> tuple[dict, list]:
         """``segments`` resolves results in shared memory (:mod:`.shm`): only for this request's own
@@ -295,6 +314,8 @@ class Channel:
             mark = self.disconnects
             if self.handshakes and not self.up:
                 raise WorkerLost(f"connection to {self.url} is down (lost since the last call, not yet back)")
+            if self.peer_uids is not None and self.handshakes != self._verified:
+                self._check_listener()
             t = time.perf_counter()
             self.last_bytes_sent = send_frames(self.sock, frames)
             self.last_send_s = time.perf_counter() - t
@@ -321,6 +342,8 @@ class Channel:
                 continue
             reply = self.sock.recv_multipart(copy=False)
             self.last_bytes_received += sum(frame_bytes(f) for f in reply)
+            if self.peer_uids is not None:
+                self._check_peer(peer_uid(reply[0]))
             try:
                 if segments is not None and wire.decode_header(reply[0])["id"] != rid:
                     continue  # a late reply to a request abandoned earlier: drop it unread

@@ -40,3 +40,8 @@ def _uid_of(peer: Any) -> int | None:
     """The uid in an ipc peer address (``<host>:<uid>:<gid>:<pid>``); None for any other."""
     parts = str(peer or "").rsplit(":", 3)
     return int(parts[1]) if len(parts) == 4 and parts[1].isdigit() else None
+
+
+def peer_uid(frame: Any) -> int | None:
+    """The uid of the process at the other end of an ``ipc://`` connection ``frame`` came over."""
+    return _uid_of(_property(frame, b"Peer-Address"))

@@ -1,0 +1,83 @@
+"""Where a program's embedded worker listens and logs (D63): one directory per run inside a
+per-user 0700 directory, ``$XDG_RUNTIME_DIR/fusion_shim`` or else ``/tmp/fusion-shim-<uid>``.
+
+A run's directory is named for its process (``run-<pidns>-<pid>-<start>``), so the next run can
+tell a leftover from a live one: a run killed with SIGKILL leaves its directory, and the next
+program to start a worker removes it. A per-user directory that is another user's, a link, or open
+to others is refused with an event, and a fresh private directory from ``tempfile.mkdtemp`` is used.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+import tempfile
+
+from ..transport.shm_common import _pidns, owner_dead, proc_start
+
+_RUN = re.compile(r"run-(\d+)-(\d+)-(\d+)(-.*)?$")  # a second runtime's has a suffix
+
+
+class RunDirError(OSError):
+    """The per-user directory cannot be trusted."""
+
+
+def user_dir(env: dict | None = None) -> str:
+    """The per-user directory's path (not created)."""
+    env = os.environ if env is None else env
+    xdg = env.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isabs(xdg):
+        return os.path.join(xdg, "fusion_shim")
+    return os.path.join(tempfile.gettempdir(), f"fusion-shim-{os.geteuid()}")
+
+
+def private_dir(path: str) -> str:
+    """``path``, created 0700 if missing; RunDirError unless it is this user's own directory,
+    not a link, closed to group and others."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise RunDirError(f"{path} is not a private directory of this user (owner uid {st.st_uid}, "
+                          f"mode {stat.S_IMODE(st.st_mode):04o}{', a link' if stat.S_ISLNK(st.st_mode) else ''})")
+    return path
+
+
+def new_run_dir(env: dict | None = None) -> tuple[str, str | None]:
+    """A fresh directory for this run's worker, and why the per-user one was not used (or None).
+    Leftovers of dead runs are removed first."""
+    try:
+        base = private_dir(user_dir(env))
+    except (RunDirError, OSError) as exc:
+        return tempfile.mkdtemp(prefix="fusion-shim-"), f"{exc}: a fresh private directory is used instead"
+    sweep(base)
+    pid = os.getpid()
+    path = os.path.join(base, f"run-{_pidns()}-{pid}-{proc_start(pid) or 0}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:  # a second runtime in this process (install after uninstall)
+        path = tempfile.mkdtemp(prefix=os.path.basename(path) + "-", dir=base)
+    return path, None
+
+
+def sweep(base: str) -> list[str]:
+    """Remove the run directories in ``base`` whose process is gone."""
+    removed: list[str] = []
+    if proc_start(os.getpid()) is None:
+        return removed  # no /proc: every owner would look dead
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return removed
+    for name in names:
+        m = _RUN.match(name)
+        if m is None:
+            continue
+        ns, pid, start = (int(x) for x in m.groups()[:3])
+        if owner_dead(ns, pid, start):
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+            removed.append(name)
+    return removed

@@ -1,0 +1,108 @@
+"""A run's worker socket and log live in a directory of its own inside a per-user 0700 directory
+(D63): removed at exit and on SIGTERM, swept by the next run after a SIGKILL; a per-user directory
+that is not private to the user is refused."""
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from fusion_shim.client import rundir
+from tests.helpers.shims import READY_S
+
+PROGRAM = textwrap.dedent("""
+    import sys, time, numpy as np, fusion_shim
+    rt = fusion_shim.install(policy="remote", device="cpu", quiet=True)
+    print(rt.link.tmpdir, rt.link.proc.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+def _start(tmp_path) -> tuple[subprocess.Popen, str, int]:
+    xdg = tmp_path / "xdg"
+    xdg.mkdir(mode=0o700, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
+    env["XDG_RUNTIME_DIR"] = str(xdg)
+    proc = subprocess.Popen([sys.executable, "-c", PROGRAM], stdout=subprocess.PIPE, text=True, env=env)
+    line = proc.stdout.readline().split()
+    assert len(line) == 2, "the program did not start"
+    return proc, line[0], int(line[1])
+
+
+def _gone(pid: int, seconds: float = READY_S) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:  # our grandchild once its parent died: reaped by init, or a zombie of ours
+            if open(f"/proc/{pid}/stat").read().split(") ")[1].startswith("Z"):
+                return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_sigterm_removes_the_run_directory_and_stops_the_worker_and_still_kills(tmp_path):
+    proc, run, worker = _start(tmp_path)
+    try:
+        assert os.path.isdir(run) and run.startswith(str(tmp_path / "xdg" / "fusion_shim" / "run-"))
+        assert stat.S_IMODE(os.stat(os.path.dirname(run)).st_mode) == 0o700
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(READY_S) == -signal.SIGTERM  # the program still dies of it
+        assert not os.path.exists(run)
+        assert _gone(worker)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_after_a_sigkill_the_next_run_sweeps_the_leftover(tmp_path):
+    proc, run, worker = _start(tmp_path)
+    proc.kill()
+    proc.wait()
+    assert os.path.isdir(run)  # nothing could clean up
+    assert _gone(worker)  # the embedded worker notices its client is gone
+    fresh, why = rundir.new_run_dir({"XDG_RUNTIME_DIR": str(tmp_path / "xdg")})
+    try:
+        assert why is None and not os.path.exists(run) and os.path.isdir(fresh)
+    finally:
+        os.rmdir(fresh)
+
+
+def test_a_live_runs_directory_is_not_swept(tmp_path):
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    mine, _ = rundir.new_run_dir(env)
+    other, _ = rundir.new_run_dir(env)  # a second runtime of this (live) process
+    assert mine != other and rundir.sweep(os.path.dirname(mine)) == []
+    assert os.path.isdir(mine) and os.path.isdir(other)
+
+
+@pytest.mark.parametrize("how", ["open to others", "a link", "another user's" if os.geteuid() == 0 else "skip"])
+def test_a_per_user_directory_that_is_not_private_is_refused(tmp_path, how):
+    if how == "skip":
+        pytest.skip("only root can give a directory to another user")
+    base = tmp_path / "fusion_shim"
+    if how == "a link":
+        (tmp_path / "elsewhere").mkdir(mode=0o700)
+        base.symlink_to(tmp_path / "elsewhere")
+    else:
+        base.mkdir(mode=0o700)
+        if how == "open to others":
+            base.chmod(0o777)
+        else:
+            os.chown(base, 65534, -1)
+    path, why = rundir.new_run_dir({"XDG_RUNTIME_DIR": str(tmp_path)})
+    try:
+        assert why and str(base) in why and "not a private directory" in why
+        assert not path.startswith(str(base)) and stat.S_IMODE(os.stat(path).st_mode) == 0o700
+    finally:
+        os.rmdir(path)

@@ -18,7 +18,8 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--insecure", action="store_true",
                    help="allow a network address WITHOUT authentication (warns loudly)")
     p.add_argument("--max-bytes", type=int, default=None,
-                   help="largest message accepted, in bytes (default 64 GiB)")
+                   help="largest message accepted, in bytes (default: half the host's memory and half the GPU's, "
+                        "at most 64 GiB)")
     p.add_argument("--fresh-bench", action="store_true",
                    help="take the self-benchmark again instead of reusing this host's last one")
     p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
@@ -38,7 +39,7 @@ def start(p: argparse.ArgumentParser, opts: argparse.Namespace, make: Callable[.
     (default :class:`.server.Worker`) until the loop ends."""
     from ..auth import KeyFileError
     from ..config import ConfigError, _device
-    from .server import MAX_MESSAGE_BYTES, Worker, serve
+    from .server import Worker, serve
 
     try:
         device = _device("--device", opts.device)
@@ -46,8 +47,8 @@ def start(p: argparse.ArgumentParser, opts: argparse.Namespace, make: Callable[.
         p.error(str(exc))
     if opts.keys is not None and opts.insecure:
         p.error("--keys and --insecure exclude each other")
-    max_bytes = MAX_MESSAGE_BYTES if opts.max_bytes is None else opts.max_bytes
-    if max_bytes <= 0:
+    max_bytes = opts.max_bytes  # None: from the host's and the device's memory (D65)
+    if max_bytes is not None and max_bytes <= 0:
         p.error("--max-bytes must be > 0")
     security = f"CURVE, clients from {opts.keys}" if opts.keys else "no authentication"
     print(f"fusion_shim worker: binding {opts.bind} (device {device}; {security})", file=sys.stderr, flush=True)

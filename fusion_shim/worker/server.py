@@ -60,7 +60,8 @@ from ..transport.principal import ANON, Principal, principal_of
 from .shapes import over_declared
 from .store import ResidentStore, default_budget
 
-MAX_MESSAGE_BYTES = 1 << 36
+MAX_MESSAGE_BYTES = 1 << 36  # the most ``max_bytes`` defaults to (D65: at most half the host's or device's memory)
+QUEUED_PER_CONNECTION = 4     # D65: requests a connection may have waiting; then ZeroMQ stops reading it
 ALIGN = 16  # bytes: inputs a CPU kernel reads in place start at a multiple of this
 # FFT sizes name an output length: each must fit the declared results (rfft gives n // 2 + 1)
 # (numba kernels: bincount's number of bins, correlate's output length)
@@ -75,7 +76,7 @@ class Worker:
     (a backend has ``device``, ``warm()``, ``run(kernel, arrays, params, layouts)``)."""
 
     def __init__(self, device: str = "auto", memory_budget: int | None = None, *,
-                 max_bytes: int = MAX_MESSAGE_BYTES, backend: Any = None, kernels: dict | None = None,
+                 max_bytes: int | None = None, backend: Any = None, kernels: dict | None = None,
                  bench_cache: bool = True):
         self.numba = "unavailable: a test backend"
         if backend is None:
@@ -88,7 +89,7 @@ class Worker:
             kernels = {**KERNELS, **extra}
         self.kernels = kernels
         self.backend = backend
-        self.max_bytes = max_bytes
+        self.max_bytes = default_max_bytes(getattr(backend, "device", None)) if max_bytes is None else max_bytes
         self.traffic: dict[str, dict[str, int]] = {}  # principal -> call messages, counted at the socket
         self.info: dict[str, Any] = {}
         self.last_was_call = False
@@ -350,6 +351,20 @@ class Worker:
         return results, timing
 
 
+def default_max_bytes(device: Any) -> int:
+    """D65: one message may take half of the host's memory, and half of a GPU's, at most 64 GiB."""
+    limits = [MAX_MESSAGE_BYTES]
+    try:
+        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2)
+    except (ValueError, OSError):
+        pass
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        limits.append(torch.cuda.get_device_properties(device).total_memory // 2)
+    return min(limits)
+
+
 def _received_fingerprint(meta: dict, a: np.ndarray) -> str:
     """The fingerprint of the bytes that came for an input, as its meta lays them out."""
     return fingerprint(meta, a.reshape(-1, order="A").view(np.uint8) if a.size else b"")
@@ -457,6 +472,7 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.MAXMSGSIZE, max(worker.max_bytes, wire.MAX_HEADER))
+    sock.setsockopt(zmq.RCVHWM, QUEUED_PER_CONNECTION)
     try:
         if keys is not None:
             from ..auth import secure_server

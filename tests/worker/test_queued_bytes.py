@@ -1,0 +1,64 @@
+"""A worker holds at most a few requests of one connection in its queue (D65): a client that sends
+forty large requests while the worker is busy leaves them in its own send queue, not in the
+worker's memory. And one message's budget follows the host's memory."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import zmq
+
+from fusion_shim.protocol import messages, wire
+from fusion_shim.transport import Channel
+from fusion_shim.worker.server import MAX_MESSAGE_BYTES, QUEUED_PER_CONNECTION, default_max_bytes
+from tests.helpers.shims import READY_S
+
+pytest.importorskip("torch")
+
+MIB16 = 16 << 20
+
+
+def _rss(pid: int, field: str = "VmRSS") -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) << 10 for line in f if line.startswith(field + ":"))
+
+
+def test_forty_large_requests_sent_while_busy_stay_out_of_the_workers_memory(sock_dir):
+    url = f"ipc://{sock_dir}/w.sock"
+    worker = subprocess.Popen([sys.executable, "-m", "fusion_shim.worker.testing", "--bind", url, "--device", "cpu",
+                               "--delay", "3"], stderr=subprocess.DEVNULL)
+    chan = Channel(url)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 0)  # the attacker's own queue: unbounded, so every request leaves send()
+    try:
+        assert chan.request(messages.hello(1), time.monotonic() + READY_S).header["t"] == "ready"
+        before = _rss(worker.pid)
+        x = np.ones(MIB16 // 8)
+        header = messages.call_header(0, "echo", {"cdtype": "<f8"}, ["C"], [("<f8", x.shape)])
+        sock.connect(url)
+        for rid in range(2, 42):
+            sock.send_multipart(messages.Request({**header, "id": rid}, [wire.to_wire(x)]).frames(), copy=False)
+        time.sleep(2.0)  # the first is in its kernel's delay; the rest as far as they got
+        grown = _rss(worker.pid) - before
+        limit = (QUEUED_PER_CONNECTION + 4) * MIB16  # the queue, the call being handled, its reply
+        assert grown < limit, f"worker RSS grew {grown >> 20} MiB, limit {limit >> 20} MiB"
+        assert worker.poll() is None
+    finally:
+        sock.close(0)
+        chan.close()
+        worker.kill()
+        worker.wait()
+
+
+def test_one_messages_budget_follows_the_hosts_memory():
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert default_max_bytes(None) == min(MAX_MESSAGE_BYTES, ram // 2)
+    from fusion_shim.worker.server import Worker
+
+    assert Worker("cpu").max_bytes == min(MAX_MESSAGE_BYTES, ram // 2)
+    assert Worker("cpu", max_bytes=1000).max_bytes == 1000

@@ -15,14 +15,15 @@ Security and faults:
   (``n``, ``s``) must fit them, a call whose shapes make more result elements than it declared
   (:mod:`.shapes`: ``kron``, ``outer``, ``einsum``, ...) is refused before it runs (D61), and a
   kernel that returns anything else is answered with an error.
-- Out of memory: the caller's resident entries are dropped (but for this call's inputs), caches are freed and
-  the call is tried once more, then answered with an ``out_of_memory`` error (the client computes
-  it locally).
+- Out of memory: the caller's resident entries are dropped (but for this call's inputs), caches are
+  freed and the call is tried once more, then answered with an ``out_of_memory`` error (the client
+  computes it locally).
 - ``hello`` runs a health check through the same path as a call and compares the answer exactly.
 
-Principals (D60, :mod:`fusion_shim.transport.principal`): each request belongs to the principal of its connection (a
-CURVE key, an ``ipc://`` peer's uid, else one anonymous principal). Resident entries, mapped
-segments, counters and stats are kept per principal; nothing of one is visible to another.
+Principals (D60, :mod:`fusion_shim.transport.principal`): each request belongs to the principal of
+its connection (a CURVE key, an ``ipc://`` peer's uid, else one anonymous principal). Resident
+entries, mapped segments, counters and stats are kept per principal; nothing of one is visible to
+another.
 
 Residency: inputs a client tags with a fingerprint and results of at least
 ``protocol.fingerprint.RESIDENT_MIN`` bytes stay on the device in :class:`.store.ResidentStore`; a
@@ -60,7 +61,7 @@ from ..transport.principal import ANON, Principal, principal_of
 from .shapes import over_declared
 from .store import ResidentStore, default_budget
 
-MAX_MESSAGE_BYTES = 1 << 36  # the most ``max_bytes`` defaults to (D65: at most half the host's or device's memory)
+MAX_MESSAGE_BYTES = 1 << 36  # the most ``max_bytes`` defaults to (D65: also half the host's, the GPU's memory)
 QUEUED_PER_CONNECTION = 4     # D65: requests a connection may have waiting; then ZeroMQ stops reading it
 ALIGN = 16  # bytes: inputs a CPU kernel reads in place start at a multiple of this
 # FFT sizes name an output length: each must fit the declared results (rfft gives n // 2 + 1)
@@ -97,7 +98,7 @@ class Worker:
         budget = memory_budget if memory_budget is not None else (
             default_budget(backend.device) if self.resident else 0)
         self.store = ResidentStore(budget)
-        self.fingerprint_mismatches: dict[str, int] = {}  # principal -> inputs whose bytes did not hash to their tag
+        self.fingerprint_mismatches: dict[str, int] = {}  # principal -> inputs not hashing to their tag
         self.shm: ShmMapper | None = None  # clients' segments, on a same-host link
         self.principal = ANON  # whose request is being handled
 
@@ -222,7 +223,7 @@ class Worker:
             slots = [None] * len(declared)
         # result slots in the client's segments, mapped before the kernel: a bad one is
         # a bad request, and a result is written straight into its slot
-        dests = [self.shm.out_view(slot, math.prod(shape) * dt.itemsize, self.principal) if slot is not None else None
+        dests = [None if slot is None else self.shm.out_view(slot, math.prod(shape) * dt.itemsize, self.principal)
                  for slot, (dt, shape) in zip(slots, declared)]
         return kernel, declared, dests, slots
 

@@ -101,9 +101,10 @@ def sweep_stale(only_owner: str | None = None) -> list[str]:
 
 
 def map_segment(name: str, size: int | None, writable: bool, create: bool,
-                uid: int | None = None) -> tuple[mmap.mmap, int]:
-    """Map segment ``name`` (creating it with ``size`` bytes when ``create``); ``uid``: it must
-    belong to that user (a worker mapping a segment an ipc peer named)."""
+                uid: int | None = None, limit: int | None = None) -> tuple[mmap.mmap, int]:
+    """Map segment ``name`` (creating it with ``size`` bytes when ``create``, its pages faulted in).
+    A worker mapping a client's segment gives ``uid``: it must belong to that user, and ``limit``:
+    it may be no larger (D66); its pages are faulted in as the requests read them."""
     path = os.path.join(SHM_DIR, name)
     flags = os.O_RDWR if writable or create else os.O_RDONLY
     if create:
@@ -120,10 +121,13 @@ def map_segment(name: str, size: int | None, writable: bool, create: bool,
             if uid is not None and st.st_uid != uid:
                 raise ShmError(f"segment {name} belongs to uid {st.st_uid}, not to the peer's {uid}")
             size = st.st_size
+            if limit is not None and size > limit:
+                raise ShmError(f"segment {name} is {size} bytes, more than this worker's message budget ({limit})")
         if size <= 0:
             raise ShmError(f"segment {name} is empty")
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable or create else 0)
-        mm = mmap.mmap(fd, size, mmap.MAP_SHARED | POPULATE, prot)
+        # D66: a client's segment is not faulted in whole: a sparse one would fill /dev/shm
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED | (POPULATE if create or limit is None else 0), prot)
     except (OSError, ValueError) as exc:
         if create:
             os.unlink(path)

@@ -16,8 +16,8 @@ from .shm_common import ShmError, boot_id, check_loc, map_segment, owner_dead, p
 class _Mapping:
     __slots__ = ("mm", "base", "size", "owner", "lo", "hi", "principal")
 
-    def __init__(self, name: str, writable: bool, principal: Principal):
-        self.mm, self.size = map_segment(name, None, writable=writable, create=False, uid=principal.uid)
+    def __init__(self, name: str, writable: bool, principal: Principal, limit: int | None):
+        self.mm, self.size = map_segment(name, None, writable=writable, create=False, uid=principal.uid, limit=limit)
         self.principal = principal.name
         self.base = np.frombuffer(self.mm, np.uint8)
         if not writable:
@@ -35,7 +35,8 @@ class ShmMapper:
 
     SWEEP_EVERY_S = 1.0
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int | None = None) -> None:
+        self.limit = limit  # the largest segment mapped: the worker's message budget (D66)
         self._maps: dict[str, _Mapping] = {}
         self._new: list[str] = []
         self.clients: dict[str, int] = {}  # owner tag -> pid, for the liveness sweep
@@ -53,7 +54,7 @@ class ShmMapper:
             raise WireError(f"cannot open segment {name}: No such file or directory")  # D60: as if absent
         if m is None:
             try:
-                m = _Mapping(name, role == "o", principal)
+                m = _Mapping(name, role == "o", principal, self.limit)
             except ShmError as exc:
                 raise WireError(str(exc)) from None
             self._maps[name] = m

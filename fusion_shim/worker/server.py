@@ -105,7 +105,7 @@ class Worker:
     def enable_shm(self, url: str) -> None:
         """Offer the shared-memory lane to clients of ``url``: same-host schemes only, never tcp."""
         if check_url(url) in ("ipc", "inproc") and shm_common.available():
-            self.shm = ShmMapper()
+            self.shm = ShmMapper(self.max_bytes)
 
     def idle(self) -> None:
         """Housekeeping between requests: the segments of clients that died are swept (at most

@@ -108,7 +108,7 @@ def test_no_shm_over_tcp():
     from fusion_shim.worker.server import Worker
 
     w = Worker.__new__(Worker)
-    w.shm = None
+    w.shm, w.max_bytes = None, 1 << 20
     w.enable_shm("tcp://127.0.0.1:5555")
     assert w.shm is None
     w.enable_shm("ipc:///tmp/x.sock")

@@ -1,10 +1,13 @@
 """Fuzzing a live worker (issue 8): seeded random mutation of valid messages.
 
 Valid messages come from the real client path (catalog ``prepare`` and ``client.remote.call_message``)
-for every catalog row, plus ``hello``. Each fuzz message is one of them mutated by 1-3 operators:
-header bytes flipped, cut or extended; a header field replaced by a hostile value, removed, or a
-junk field added; array metas and params mutated (dtype, shape, order, sizes); buffer frames
-dropped, duplicated, cut, extended, swapped, emptied; too many frames; garbage frames.
+for products, linalg, fft, the amplifiers (``kron``, ``outer``, an outer ``einsum``) and SciPy rows,
+plus ``hello``. Each fuzz message is one of them mutated by 1-3 operators: header bytes flipped, cut
+or extended; a header field replaced by a hostile value, removed, or a junk field added; array
+metas and params mutated (dtype, shape, order, sizes); an input turned into a reference to a guessed
+fingerprint, tagged with a right, wrong or malformed fingerprint, or said to be in a shared-memory
+segment; buffer frames dropped, duplicated, cut, extended, swapped, emptied; too many frames;
+garbage frames.
 
 Plain seeded mutation (not hypothesis) so that a 10,000-message run is one reproducible stream:
 ``seed`` and the message index identify every message. The verdicts:
@@ -63,7 +66,15 @@ def base_messages() -> list[tuple[str, list[bytes]]]:
         _call("numpy.linalg.cholesky", spd), _call("numpy.linalg.qr", m),
         _call("numpy.fft.fft", z), _call("numpy.fft.ifft", z, n=40), _call("numpy.fft.rfft", x),
         _call("numpy.fft.irfft", z[:17]), _call("numpy.fft.fft2", m), _call("numpy.fft.ifft2", m + 0j),
+        _call("numpy.kron", m[:4, :4], m[:3, :3]), _call("numpy.outer", x, x[:20]),
+        _call("numpy.einsum", "i,j->ij", x, x),
     ]
+    try:
+        import scipy.linalg  # noqa: F401  (the rows exist once scipy is importable)
+
+        preps += [_call("scipy.linalg.solve", spd, m), _call("scipy.linalg.qr", m), _call("scipy.linalg.expm", m / 12)]
+    except ImportError:
+        pass
     out = [("hello", [msgpack.packb({"v": wire.VERSION, "t": "hello", "id": 1})])]
     for prep in preps:
         frames = remote.call_message(1, prep)
@@ -93,7 +104,11 @@ class Mutator:
                 except Exception:
                     continue  # no longer msgpack: header operators do not apply
                 if isinstance(header, dict):
-                    frames[0] = msgpack.packb(getattr(self, op)(header), use_bin_type=True)
+                    header = getattr(self, op)(header)
+                    drop = header.pop("_drop_frame", None)
+                    frames[0] = msgpack.packb(header, use_bin_type=True)
+                    if isinstance(drop, int) and 0 <= drop < len(frames) - 1:
+                        del frames[1 + drop]
             else:
                 frames = getattr(self, op)(frames)
         return frames, "+".join(names)
@@ -184,6 +199,43 @@ class Mutator:
                                         [], [[0, 1, 2]], ["A"]])
         return h
 
+    def _a_meta(self, h: dict) -> tuple[int, dict] | None:
+        metas = h.get("arrays")
+        if not isinstance(metas, list) or not metas:
+            return None
+        i = self.rng.randrange(len(metas))
+        return (i, metas[i]) if isinstance(metas[i], dict) else None
+
+    def _fp(self) -> Any:
+        return self.rng.choice([self.rng.randbytes(16).hex(), "0" * 32, "g" * 32, "ab", self.hostile()])
+
+    def hdr_ref(self, h: dict) -> dict:
+        """An input sent as a reference to a fingerprint: a guess (another principal's, or none)."""
+        got = self._a_meta(h)
+        if got is not None:
+            got[1]["ref"], got[1]["fp"] = self.rng.choice([True, True, 1, "yes"]), self._fp()
+            if self.rng.random() < 0.7:
+                h["_drop_frame"] = got[0]  # a reference carries no buffer
+        return h
+
+    def hdr_fp(self, h: dict) -> dict:
+        """An input tagged with a fingerprint: right, wrong or malformed."""
+        got = self._a_meta(h)
+        if got is not None:
+            got[1]["fp"] = self._fp()
+        h["keep"] = self.rng.choice([True, True, False, self.hostile()])
+        return h
+
+    def hdr_shm(self, h: dict) -> dict:
+        """An input said to be in a shared-memory segment (never negotiated over tcp)."""
+        got = self._a_meta(h)
+        if got is not None:
+            got[1]["shm"] = self.rng.choice([
+                {"name": "fshm-1-2-3-i4", "offset": 0}, {"name": "../../etc/passwd", "offset": 0},
+                {"name": "fshm-4026531836-1-1-o9", "offset": self.rng.choice([-1, 2**62, 7])}, self.hostile()])
+        h["out_shm"] = self.rng.choice([None, [{"name": "fshm-1-2-3-o4", "offset": 0, "nbytes": 8}], self.hostile()])
+        return h
+
     # -- frame-level -------------------------------------------------------------------------------
     def fr_flip(self, f: list[bytes]) -> list[bytes]:
         if not f[0]:
@@ -250,6 +302,7 @@ class Mutator:
 
     OPERATORS = ["hdr_replace", "hdr_remove", "hdr_junk_key", "hdr_op", "hdr_version", "hdr_type", "hdr_meta",
                  "hdr_meta", "hdr_results", "hdr_results", "hdr_params", "hdr_params", "hdr_layouts",
+                 "hdr_ref", "hdr_ref", "hdr_fp", "hdr_shm",
                  "fr_flip", "fr_cut_header", "fr_extend_header", "fr_garbage_header", "fr_drop", "fr_dup",
                  "fr_cut_buffer", "fr_extend_buffer", "fr_swap", "fr_many", "fr_flip_buffer"]
 

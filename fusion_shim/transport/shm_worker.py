@@ -41,7 +41,7 @@ class ShmMapper:
         self._new: list[str] = []
         self.clients: dict[str, int] = {}  # owner tag -> pid, for the liveness sweep
         self._last_sweep = 0.0
-        self.stats = {"shm_mapped": 0, "shm_dropped": 0, "shm_swept": 0}  # all principals'
+        self.swept = 0  # names of dead clients unlinked
         self._by_principal: dict[str, dict[str, int]] = {}
 
     def _get(self, name: str, role: str, principal: Principal) -> _Mapping:
@@ -105,7 +105,6 @@ class ShmMapper:
                 self._count(principal, "shm_dropped")
 
     def _count(self, principal: Principal, what: str) -> None:
-        self.stats[what] += 1
         counts = self._by_principal.setdefault(principal.name, {"shm_mapped": 0, "shm_dropped": 0})
         counts[what] += 1
 
@@ -158,7 +157,7 @@ class ShmMapper:
             for name in [n for n, m in self._maps.items() if m.owner == owner]:
                 del self._maps[name]
             removed += sweep_stale(only_owner=owner)
-        self.stats["shm_swept"] += len(removed)
+        self.swept += len(removed)
         return removed
 
     def sweep_all_clients(self) -> list[str]:

@@ -215,7 +215,7 @@ class Worker:
         if len(declared) != len(layouts):
             raise _Refusal("bad_request", "WireError", f"{len(declared)} declared results, {len(layouts)} layouts")
         too_big = _size_params_over(header["op"], params, declared) or over_declared(
-            header["op"], [tuple(a.shape) for a in arrays], params, declared)  # D61: before any allocation
+            header["op"], arrays, params, declared)  # D61: before any allocation
         if too_big:
             raise _Refusal("bad_request", "WireError", too_big)
         slots = header.get("out_shm") if self.shm is not None else None

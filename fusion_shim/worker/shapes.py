@@ -116,26 +116,16 @@ def _multi_dot(s: list[Shape], p: dict) -> int | None:
     return (first[0] if len(first) == 2 else 1) * (last[-1] if len(last) == 2 else 1)
 
 
-def _svd(s: list[Shape], p: dict) -> int | None:
+def _factors(s: list[Shape]) -> tuple[int, int, int] | None:
+    """A decomposition's input: its batch size and its matrices' rows and columns."""
     a = s[0]
-    if len(a) < 2:
-        return None
-    batch, m, n = math.prod(a[:-2]), a[-2], a[-1]
-    k = min(m, n)
-    if not p.get("compute_uv", True):
-        return batch * k
-    if p.get("hermitian"):
-        return batch * (k + 2 * m * m)
-    if p.get("full_matrices"):
-        return batch * (m * m + k + n * n)
-    return batch * (m * k + k + k * n)
+    return None if len(a) < 2 else (math.prod(a[:-2]), a[-2], a[-1])
 
 
 def _qr(s: list[Shape], p: dict) -> int | None:
-    a = s[0]
-    if len(a) < 2:
+    if (f := _factors(s)) is None:
         return None
-    batch, m, n = math.prod(a[:-2]), a[-2], a[-1]
+    batch, m, n = f
     k = min(m, n)
     mode = p.get("mode")
     if mode in ("complete", "full"):
@@ -149,12 +139,25 @@ def _qr(s: list[Shape], p: dict) -> int | None:
 
 def _s_qr(s: list[Shape], p: dict) -> int | None:
     """scipy.linalg.qr as the client sends it: torch's mode ("complete" or "reduced"), ``r_only``."""
-    a = s[0]
-    if len(a) < 2:
+    if (f := _factors(s)) is None:
         return None
-    m, n = a[-2], a[-1]
+    batch, m, n = f
     rows = m if p.get("mode") == "complete" else min(m, n)
-    return math.prod(a[:-2]) * ((0 if p.get("r_only") else m * rows) + rows * n)
+    return batch * ((0 if p.get("r_only") else m * rows) + rows * n)
+
+
+def _svd(s: list[Shape], p: dict) -> int | None:
+    if (f := _factors(s)) is None:
+        return None
+    batch, m, n = f
+    k = min(m, n)
+    if not p.get("compute_uv", True):
+        return batch * k
+    if p.get("hermitian"):
+        return batch * (k + 2 * m * m)
+    if p.get("full_matrices"):
+        return batch * (m * m + k + n * n)
+    return batch * (m * k + k + k * n)
 
 
 def _lstsq(s: list[Shape], p: dict) -> int | None:
@@ -185,8 +188,12 @@ def result_elements(op: str, shapes: list[Shape], params: dict) -> int | None:
         return None  # a malformed parameter: the kernel's own checks answer it
 
 
-def over_declared(op: str, shapes: list[Shape], params: dict, declared: Any) -> str | None:
-    """Why a call may not run: its results would have more elements than it declared."""
+def over_declared(op: str, arrays: list, params: dict, declared: Any) -> str | None:
+    """Why a call may not run: its results would have more elements than it declared (nothing is
+    computed for an op without a rule)."""
+    if op not in RULES:
+        return None
+    shapes = [a.shape for a in arrays]
     n = result_elements(op, shapes, params)
     said = sum(math.prod(shape) for _, shape in declared)
     if n is not None and n > said:

@@ -9,11 +9,11 @@ import stat
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 from fusion_shim.client import rundir
+from tests.helpers.faults import gone_within
 from tests.helpers.shims import READY_S
 
 PROGRAM = textwrap.dedent("""
@@ -35,22 +35,6 @@ def _start(tmp_path) -> tuple[subprocess.Popen, str, int]:
     return proc, line[0], int(line[1])
 
 
-def _gone(pid: int, seconds: float = READY_S) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        try:  # our grandchild once its parent died: reaped by init, or a zombie of ours
-            if open(f"/proc/{pid}/stat").read().split(") ")[1].startswith("Z"):
-                return True
-        except OSError:
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_sigterm_removes_the_run_directory_and_stops_the_worker_and_still_kills(tmp_path):
     proc, run, worker = _start(tmp_path)
     try:
@@ -59,7 +43,7 @@ def test_sigterm_removes_the_run_directory_and_stops_the_worker_and_still_kills(
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(READY_S) == -signal.SIGTERM  # the program still dies of it
         assert not os.path.exists(run)
-        assert _gone(worker)
+        assert gone_within(worker, READY_S)
     finally:
         proc.kill()
         proc.wait()
@@ -70,7 +54,7 @@ def test_after_a_sigkill_the_next_run_sweeps_the_leftover(tmp_path):
     proc.kill()
     proc.wait()
     assert os.path.isdir(run)  # nothing could clean up
-    assert _gone(worker)  # the embedded worker notices its client is gone
+    assert gone_within(worker, READY_S)  # the embedded worker notices its client is gone
     fresh, why = rundir.new_run_dir({"XDG_RUNTIME_DIR": str(tmp_path / "xdg")})
     try:
         assert why is None and not os.path.exists(run) and os.path.isdir(fresh)

@@ -16,8 +16,7 @@ import pytest
 
 import fusion_shim
 
-from tests.helpers import faultlab as _faultlab
-from tests.helpers.faults import PY, clean_env, events
+from tests.helpers.faults import PY, clean_env, events, gone_within
 from tests.helpers.shims import READY_S
 
 
@@ -184,25 +183,11 @@ def _launch(tmp_path, mode: str) -> tuple[subprocess.Popen, int]:
     return proc, int(line)
 
 
-def _gone_within(pid: int, seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        if _faultlab._state(pid) in ("Z", "X"):
-            return True
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)  # do not leave it behind for the next test
-    return False
-
-
 def test_sigkill_of_the_client_leaves_no_worker(tmp_path):
     proc, worker_pid = _launch(tmp_path, "sleep")
     proc.kill()
     proc.wait(10)
-    assert _gone_within(worker_pid, 5), "the embedded worker outlived its killed client"
+    assert gone_within(worker_pid, 5), "the embedded worker outlived its killed client"
 
 
 def test_ctrl_c_mid_calls_exits_cleanly(tmp_path):
@@ -215,7 +200,7 @@ def test_ctrl_c_mid_calls_exits_cleanly(tmp_path):
     assert proc.returncode == -signal.SIGINT, err  # as plain python: KeyboardInterrupt, then SIGINT
     assert "KeyboardInterrupt" in err
     assert "fusion_shim" not in err.split("Traceback", 1)[-1], err  # the shim's frames are not shown
-    assert _gone_within(worker_pid, 5), "the embedded worker outlived its interrupted client"
+    assert gone_within(worker_pid, 5), "the embedded worker outlived its interrupted client"
 
 
 def test_exit_with_a_stopped_worker_does_not_hang(tmp_path):
@@ -226,4 +211,4 @@ def test_exit_with_a_stopped_worker_does_not_hang(tmp_path):
     assert proc.returncode == 0, err
     assert "stopped" in out
     assert time.monotonic() - t < 6, time.monotonic() - t
-    assert _gone_within(worker_pid, 5)
+    assert gone_within(worker_pid, 5)

@@ -3,14 +3,17 @@ waiting for it, operands with NumPy's answer, and what the ledger recorded."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 
 import fusion_shim
 from fusion_shim.intercept import bypassed
 
+from tests.helpers import faultlab
 from tests.helpers.shims import READY_S
 
 
@@ -84,3 +87,19 @@ def rng_matrix(seed: int, n: int = 48) -> np.ndarray:
 def last(rt, op: str = "numpy.matmul"):
     """The ledger's latest record of ``op``."""
     return [r for r in rt.ledger.records if r.op == op][-1]
+
+
+def gone_within(pid: int, seconds: float) -> bool:
+    """Whether process ``pid`` exits (or is a zombie) within ``seconds``; killed if it does not,
+    so that it is not left behind for the next test."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if faultlab._state(pid) in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    return False

@@ -405,18 +405,6 @@ class WorkerLink:
         if self.tmpdir and os.getpid() == self.owner:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
-    def remove_leftovers(self) -> None:
-        """The embedded worker told to stop and this run's directory removed, taking no lock."""
-        if os.getpid() != self.owner:
-            return
-        if self.proc is not None and self.proc.returncode is None:
-            try:
-                self.proc.terminate()
-            except OSError:
-                pass
-        if self.tmpdir:
-            shutil.rmtree(self.tmpdir, ignore_errors=True)
-
     def _close_shm(self) -> None:
         """Unlink this client's segment names; a worker that outlives it is told to unmap
         them (an embedded one is about to exit; the others would only notice this process gone)."""

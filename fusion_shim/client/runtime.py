@@ -145,12 +145,6 @@ class Runtime:
                 self._bg_queue.put((None, ""))  # the background thread ends after its current job
                 self._bg_queue = None
 
-    def remove_leftovers(self) -> None:
-        """On SIGTERM: each embedded worker told to stop, this run's directories removed (no lock is
-        taken: the signal may have interrupted this runtime's own code)."""
-        for link in self.links:
-            link.remove_leftovers()
-
     def after_fork_in_child(self) -> None:
         self.ledger.reset_after_fork()
         self.ledger.event(f"forked from pid {self.link.owner if self.link else '?'}; own connection to the worker")

@@ -22,7 +22,6 @@ import atexit
 import contextlib
 import importlib
 import os
-import signal
 import sys
 import threading
 import warnings
@@ -99,7 +98,6 @@ def install(config: Config | None = None, *, export_env: bool = False,
         elif overrides:
             config = config.replace(**overrides)
         inst = _installed = _Installation(config, export_env)
-        _catch_sigterm()
         if not _hook_registered:
             _hook_registered = True
             # each runs now if its module is already imported, else right after it is
@@ -122,25 +120,8 @@ def uninstall() -> None:
         if inst is not None:
             for module, attr, original in reversed(inst.patches):
                 setattr(module, attr, original)
-    if signal.getsignal(signal.SIGTERM) is _on_sigterm and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if inst is not None and inst.runtime is not None:
         inst.runtime.shutdown()
-
-
-def _catch_sigterm() -> None:
-    """D63: a program that leaves SIGTERM to its default action still dies of it, but its worker
-    and its run directory go first. A handler the program set is left alone."""
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, _on_sigterm)
-
-
-def _on_sigterm(signum: int, frame: Any) -> None:
-    inst = _installed
-    if inst is not None and inst.runtime is not None:
-        inst.runtime.remove_leftovers()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)  # the default action: the exit status says SIGTERM, as before
 
 
 @contextlib.contextmanager

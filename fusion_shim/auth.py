@@ -20,6 +20,10 @@ OpenSSH's rule for its own files holds for these (D62): the directory, its allow
 key file must belong to the user who reads them (or to root) and be writable by no one else; a key
 pair must also be unreadable by others. Anything else is refused with a message naming the path:
 a directory another user created could carry that user's key in its allow-list.
+
+A worker bound to loopback tcp without ``--keys`` serves with this user's own keys (D68):
+``$XDG_CONFIG_HOME/fusion_shim/keys`` (``~/.config/fusion_shim/keys``), made on first use with one
+client, ``local``; a client of the same user connecting to a loopback address finds them there.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from typing import Any
 
 SERVER = "server"
 ALLOWED_DIR = "authorized"
+LOCAL_CLIENT = "local"  # the same-host client in the user's own keys directory
 
 
 class KeyFileError(ValueError):
@@ -146,6 +151,35 @@ def load_pair(path: str) -> tuple[bytes, bytes]:
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise KeyFileError(f"{path} is readable by others (mode {stat.S_IMODE(mode):04o}); chmod 600 {path}")
     return public, secret
+
+
+def user_keys_dir(env: dict | None = None) -> str:
+    """This user's own keys directory, for workers and clients on one host (not created)."""
+    env = os.environ if env is None else env
+    base = env.get("XDG_CONFIG_HOME")
+    if not base or not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "fusion_shim", "keys")
+
+
+def ensure_user_keys(env: dict | None = None) -> str:
+    """The user's keys directory, with a server key pair and the ``local`` client made if missing."""
+    directory = user_keys_dir(env)
+    if not os.path.exists(os.path.join(directory, LOCAL_CLIENT + ".key_secret")):
+        os.makedirs(os.path.dirname(directory), mode=0o700, exist_ok=True)
+        make_keys(directory, [LOCAL_CLIENT])
+    return directory
+
+
+def user_curve(env: dict | None = None) -> tuple[bytes, bytes, bytes] | None:
+    """(server public, client public, client secret) from the user's keys directory; None when it
+    has none yet. KeyFileError when it has them but they are not the user's own or are open to others."""
+    directory = user_keys_dir(env)
+    server, pair = os.path.join(directory, SERVER + ".key"), os.path.join(directory, LOCAL_CLIENT + ".key_secret")
+    if not (os.path.exists(server) and os.path.exists(pair)):
+        return None
+    check_owned(directory)
+    return (load_public(server), *load_pair(pair))
 
 
 def secure_server(ctx: Any, sock: Any, keys_dir: str) -> Any:

@@ -86,6 +86,15 @@ def _device(name: str, raw: str) -> str:
     raise ConfigError(f"{name}={raw!r} is invalid; valid: {DEVICES_HELP}")
 
 
+def _uid(name: str, raw: str) -> int | None:
+    value = raw.strip()
+    if not value:
+        return None
+    if not value.isdigit():
+        raise ConfigError(f"{name}={raw!r} is invalid; valid: a numeric user id (`id -u USER`)")
+    return int(value)
+
+
 def _worker_url(name: str, raw: str) -> str | None:
     value = raw.strip()
     if not value:
@@ -157,6 +166,7 @@ class Config:
     #                               of wrapped functions; 0 turns both off (wrapt only)
     server_key: str | None = None   # path: the worker's CURVE public key (a worker run with --keys)
     client_keys: str | None = None  # path: this client's CURVE key pair; both or neither
+    worker_uid: int | None = None   # an ipc:// worker may also run as this uid (besides this user and root)
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)
@@ -224,4 +234,5 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "native": _bool,
     "server_key": _server_key,
     "client_keys": _client_keys,
+    "worker_uid": _uid,
 }

@@ -68,7 +68,7 @@ class WorkerLink:
         self._probe_gen = 0
         self._failed_probes = 0  # consecutive; sets the back-off and keeps the events short
         self.stopped = False  # after stop(): no restart, no probe (a late thread must not respawn)
-        self.curve = _load_curve(config)
+        self.curve = _load_curve(config, self.url, ledger.event)
         self.lane = shmlane.ClientLane(config.shm, ledger.event)  # same-host shared memory
         _links.add(self)
         if self.curve is None and not self.embedded and not transport.is_loopback(self.url):
@@ -116,7 +116,7 @@ class WorkerLink:
         chan = None
         try:
             # its own channel, closed at the end: a probe thread must not leave a socket behind
-            chan = transport.Channel(self.url, self.curve)
+            chan = transport.Channel(self.url, self.curve, self.config.worker_uid)
             rid = next(self._ids)
             t = time.monotonic()
             offer = self.lane.offer(self.url)  # shared memory, if the worker can map ours
@@ -226,7 +226,7 @@ class WorkerLink:
     def _measure_bandwidth(self) -> None:
         chan = None
         try:
-            chan = transport.Channel(self.url, self.curve)  # its own socket, closed at the end
+            chan = transport.Channel(self.url, self.curve, self.config.worker_uid)  # its own socket, closed at the end
             up, down, why, moved = linkprobe.bandwidth(chan, self.next_id, self.rtt_s or 0.0, self._probe_alive,
                                                        min(self.config.timeout, 30.0))
             if why is not None:
@@ -371,7 +371,7 @@ class WorkerLink:
         chan = getattr(self._local, "chan", None)
         if chan is None or chan.pid != os.getpid() or chan.url != self.url:
             # a forked child lands here too: it never touches its parent's socket
-            chan = transport.Channel(self.url, self.curve)
+            chan = transport.Channel(self.url, self.curve, self.config.worker_uid)
             self._local.chan = chan
         return chan
 
@@ -417,14 +417,25 @@ class WorkerLink:
                 pass  # it unmaps them when it sees this process gone
 
 
-def _load_curve(config: Config) -> tuple[bytes, bytes, bytes] | None:
-    """(server public, client public, client secret) from the Config's key files, or None."""
-    if not config.server_key:
-        return None
-    from ..auth import load_pair, load_public
+def _load_curve(config: Config, url: str | None, event: Any) -> tuple[bytes, bytes, bytes] | None:
+    """(server public, client public, client secret) from the Config's key files, else, for a
+    loopback tcp worker, from this user's own keys (D68); None: no CURVE."""
+    from ..auth import KeyFileError, load_pair, load_public, user_curve, user_keys_dir
 
-    public, secret = load_pair(config.client_keys)
-    return load_public(config.server_key), public, secret
+    if config.server_key:
+        public, secret = load_pair(config.client_keys)
+        return load_public(config.server_key), public, secret
+    if not url or not url.startswith("tcp://") or not transport.is_loopback(url):
+        return None
+    try:
+        curve = user_curve()
+    except KeyFileError as exc:
+        event(f"not using this user's keys for {url}: {exc}")
+        return None
+    if curve is None:
+        event(f"no keys in {user_keys_dir()} for {url}: connecting without CURVE (a worker started on this "
+              "host without --keys makes them there; one run --insecure takes clients without them)")
+    return curve
 
 
 _links: "weakref.WeakSet[WorkerLink]" = weakref.WeakSet()

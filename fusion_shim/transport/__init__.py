@@ -163,19 +163,20 @@ class Channel:
     """A client's connection to one worker, used by one thread at a time.
 
     ``curve``: ``(server_public, client_public, client_secret)`` (z85 bytes) to speak CURVE, or None.
+    ``peer_uid``: on ``ipc://``, a uid besides this user's and root's that may answer.
     A forked child never uses its parent's channel: callers compare ``pid``."""
 
-    def __init__(self, url: str, curve: tuple[bytes, bytes, bytes] | None = None):
+    def __init__(self, url: str, curve: tuple[bytes, bytes, bytes] | None = None, peer_uid: int | None = None):
         check_url(url)
         self.sock = self.pulse = None
         self.monitors: list[zmq.Socket] = []
         try:
-            self._open(url, curve)
+            self._open(url, curve, peer_uid)
         except zmq.ZMQError as exc:  # e.g. out of file descriptors: a fault like any other
             self.close()
             raise TransportError(f"cannot open a channel to {url}: {exc}") from None
 
-    def _open(self, url: str, curve: tuple[bytes, bytes, bytes] | None) -> None:
+    def _open(self, url: str, curve: tuple[bytes, bytes, bytes] | None, peer_uid: int | None) -> None:
         self.url = url
         self.pid = os.getpid()
         self.handshakes = 0  # successful handshakes of the data socket (reconnects add to it)
@@ -186,8 +187,8 @@ class Channel:
         self.pulse_up = self.pulse_seen = False
         self.curve = curve is not None
         # D64: on ipc:// only a process of this user (or root) may answer; checked before the first
-        # request of each connection and on every reply
-        self.peer_uids = {os.geteuid(), 0} if url.startswith("ipc://") else None
+        # request of each connection and on every reply; ``peer_uid``: one more the user trusts
+        self.peer_uids = {os.geteuid(), 0, *([] if peer_uid is None else [peer_uid])} if url.startswith("ipc://") else None
         self._verified = 0  # the handshakes whose listener was checked
         ctx = context()
         self.sock = ctx.socket(zmq.DEALER)
@@ -301,7 +302,7 @@ class Channel:
     def _check_peer(self, uid: int | None) -> None:
         if uid is not None and uid not in self.peer_uids:
             raise Refused(f"the process at {self.url} runs as uid {uid}, not as this user (uid {os.geteuid()}): "
-                          "refused, nothing is sent to it")
+                          "refused, nothing is sent to it (FUSION_SHIM_WORKER_UID names a uid to trust)")
 
     def _roundtrip(self, rid: int, frames: Sequence[Any], deadline: float, alive: Callable[[], bool] | None,
                    segments: Any) -> tuple[dict, list]:

@@ -14,9 +14,10 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--keys", metavar="DIR", default=None,
                    help="serve with CURVE: DIR/server.key_secret and the allow-list DIR/authorized "
-                        "(made by `fusion-shim keys DIR`); needed to bind a network address")
+                        "(made by `fusion-shim keys DIR`); needed to bind a network address; a loopback "
+                        "tcp address without it serves this user's own keys (~/.config/fusion_shim/keys)")
     p.add_argument("--insecure", action="store_true",
-                   help="allow a network address WITHOUT authentication (warns loudly)")
+                   help="serve a tcp address WITHOUT authentication (warns loudly)")
     p.add_argument("--max-bytes", type=int, default=None,
                    help="largest message accepted, in bytes (default: half the host's memory and half the GPU's, "
                         "at most 64 GiB)")
@@ -47,18 +48,37 @@ def start(p: argparse.ArgumentParser, opts: argparse.Namespace, make: Callable[.
         p.error(str(exc))
     if opts.keys is not None and opts.insecure:
         p.error("--keys and --insecure exclude each other")
+    from ..transport import check_url
+
+    try:
+        check_url(opts.bind)
+    except ValueError as exc:
+        p.error(str(exc))
     max_bytes = opts.max_bytes  # None: from the host's and the device's memory (D65)
     if max_bytes is not None and max_bytes <= 0:
         p.error("--max-bytes must be > 0")
-    security = f"CURVE, clients from {opts.keys}" if opts.keys else "no authentication"
-    print(f"fusion_shim worker: binding {opts.bind} (device {device}; {security})", file=sys.stderr, flush=True)
-    worker = (make or Worker)(device, opts.memory_budget, max_bytes=max_bytes, bench_cache=not opts.fresh_bench)
     try:
-        serve(opts.bind, worker, parent_pid=opts.parent_pid, keys=opts.keys, insecure=opts.insecure)
-    except KeyFileError as exc:
+        keys = opts.keys if opts.keys or opts.insecure else default_keys(opts.bind)
+        security = (f"CURVE, clients from {keys}" if keys else
+                    "no authentication" if opts.insecure else "this user's processes only")
+        print(f"fusion_shim worker: binding {opts.bind} (device {device}; {security})", file=sys.stderr, flush=True)
+        worker = (make or Worker)(device, opts.memory_budget, max_bytes=max_bytes, bench_cache=not opts.fresh_bench)
+        serve(opts.bind, worker, parent_pid=opts.parent_pid, keys=keys, insecure=opts.insecure)
+    except (KeyFileError, OSError) as exc:
         print(f"{p.prog}: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def default_keys(url: str) -> str | None:
+    """D68: a loopback tcp address is served with this user's own keys (made on first use); an
+    ``ipc://`` path is guarded by its directory and the peer's uid; a network address needs --keys."""
+    from ..auth import ensure_user_keys
+    from ..transport import check_url, is_loopback
+
+    if check_url(url) != "tcp" or not is_loopback(url):
+        return None
+    return ensure_user_keys()
 
 
 def size(text: str) -> int:

@@ -7,9 +7,9 @@ call fail, never the worker.
 
 Security and faults:
 
-- It binds loopback or ``ipc://`` unless told otherwise. A network address needs ``keys`` (CURVE
-  with a ZAP allow-list, :mod:`fusion_shim.auth`; also usable on loopback) or ``insecure=True``,
-  which warns loudly. ``max_bytes`` is the budget of one message; it is ZeroMQ's ``MAXMSGSIZE`` on
+- A tcp address, loopback included, needs ``keys`` (CURVE with a ZAP allow-list,
+  :mod:`fusion_shim.auth`) or ``insecure=True``, which warns loudly; ``ipc://`` relies on its
+  directory and on the peer's uid (D60). ``max_bytes`` is the budget of one message; it is ZeroMQ's ``MAXMSGSIZE`` on
   the socket as well, so a larger frame is dropped with its connection before it is buffered.
 - A call declares its results; they count against the budget before the kernel runs, FFT sizes
   (``n``, ``s``) must fit them, a call whose shapes make more result elements than it declared
@@ -448,7 +448,8 @@ class _Refusal(Exception):
 INSECURE_WARNING = """\
 fusion_shim worker: WARNING: serving {url} WITHOUT AUTHENTICATION (--insecure).
   Anyone who can reach this address can send buffers to this worker and run its kernels on them.
-  Use --keys DIR (fusion-shim keys DIR) to accept only the clients you list."""
+  Use --keys DIR (fusion-shim keys DIR) to accept only the clients you list; on loopback, leave out
+  --insecure to accept only this user's processes (its own keys, ~/.config/fusion_shim/keys)."""
 
 
 def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: threading.Event | None = None,
@@ -456,15 +457,15 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
           on_request: Any = None) -> None:
     """Bind ``url``, warm up, then answer requests until ``stop`` is set or the parent exits.
 
-    ``keys``: a directory from ``fusion-shim keys`` (CURVE, allow-listed clients only). A network
+    ``keys``: a directory from ``fusion-shim keys`` (CURVE, allow-listed clients only). A tcp
     address without ``keys`` is refused unless ``insecure``. ``ready`` is set once bound;
     ``on_request`` (tests) is called with every request that reaches the dispatcher."""
-    if not is_loopback(url) and keys is None:
+    if check_url(url) == "tcp" and keys is None:  # D68: loopback too, since any local user reaches it
         if not insecure:
-            raise SystemExit(
-                f"refusing to bind {url}: a network address needs authentication; make keys with "
-                "`fusion-shim keys DIR` and serve with --keys DIR (or bind a loopback address or an "
-                "ipc:// path; --insecure serves without authentication)")
+            where = ("serve with --keys DIR, or without it to use this user's own keys" if is_loopback(url) else
+                     "make keys with `fusion-shim keys DIR` and serve with --keys DIR")
+            raise SystemExit(f"refusing to bind {url}: a tcp address needs authentication; {where} (or bind an "
+                             "ipc:// path in a private directory; --insecure serves without authentication)")
         print(INSECURE_WARNING.format(url=url), file=sys.stderr, flush=True)
     auth = None
     # a CURVE worker gets its own context: the ZAP handler is per context, and it must not judge

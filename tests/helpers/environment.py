@@ -2,7 +2,7 @@
 
 Tests never inherit a user's shim settings; what was set is kept in ``ENV_AT_START`` for the few
 tests that must honour it (``FUSION_SHIM_NATIVE=0``: a build without the C extension). Nor do
-they read or write the user's calibration cache: one fresh directory per session, inherited by
+they read or write the user's calibration cache or keys: one fresh directory per session, inherited by
 the programs the tests launch and removed at the end. The numba.cuda kernels run under numba's
 CUDA simulator unless the differential suite targets a real GPU (``FUSION_DIFF_DEVICE=cuda``) or
 the caller chose (``NUMBA_ENABLE_CUDASIM=0``); set before anything imports numba, and inherited
@@ -26,6 +26,7 @@ for _k in ENV_AT_START:
 _INHERITED = os.environ.get("FUSION_TEST_CACHE_DIR") if os.environ.get("PYTEST_XDIST_WORKER") else None
 CACHE_DIR = _INHERITED or tempfile.mkdtemp(prefix="fusion-shim-test-cache-")
 os.environ["FUSION_TEST_CACHE_DIR"] = os.environ["XDG_CACHE_HOME"] = CACHE_DIR
+os.environ["XDG_CONFIG_HOME"] = os.path.join(CACHE_DIR, "config")  # this user's keys (a loopback tcp worker's)
 os.environ.setdefault("NUMBA_ENABLE_CUDASIM",
                       "0" if os.environ.get("FUSION_DIFF_DEVICE", "cpu") != "cpu" else "1")
 

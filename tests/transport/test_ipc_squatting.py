@@ -97,3 +97,44 @@ def test_a_worker_of_another_user_is_refused_simulated_euid(sock_dir, monkeypatc
         fusion_shim.uninstall()
         worker.kill()
         worker.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can run a listener as another user")
+def test_a_configured_worker_uid_is_trusted(sock_dir):
+    """FUSION_SHIM_WORKER_UID: a worker another account runs for this user is taken (here the
+    listener of another uid; without the setting the test above refuses it)."""
+    shared = Path(sock_dir)
+    shared.chmod(0o1777)
+    path = shared / "fs.sock"
+    other = subprocess.Popen([sys.executable, "-c", SQUATTER, str(path), os.devnull], stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "bound"
+        rt = fusion_shim.install(policy="remote", worker=f"ipc://{path}", quiet=True, ready_timeout=2.0,
+                                 worker_uid=str(OTHER_UID))
+        assert rt.link.wait_ready(READY_S), rt.ledger.events
+        assert _refusal(rt) is None
+    finally:
+        fusion_shim.uninstall()
+        other.kill()
+        other.wait()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="as root the test above runs a real listener of another uid")
+def test_a_configured_worker_uid_is_trusted_simulated_euid(sock_dir, monkeypatch):
+    """Simulated: an honest worker of this user, a client believing it runs as another uid, and told
+    to trust this one."""
+    url = f"ipc://{sock_dir}/w.sock"
+    worker = subprocess.Popen([sys.executable, "-m", "fusion_shim", "worker", "--bind", url, "--device", "cpu"],
+                              stderr=subprocess.DEVNULL)
+    try:
+        me = os.geteuid()
+        monkeypatch.setattr(os, "geteuid", lambda: me + 1)
+        rt = fusion_shim.install(policy="remote", worker=url, quiet=True, ready_timeout=READY_S, worker_uid=str(me))
+        assert rt.link.wait_ready(READY_S), rt.ledger.events
+        a = np.random.default_rng(0).standard_normal((64, 64))
+        np.testing.assert_allclose(np.matmul(a, a), np.matmul.__wrapped__(a, a))
+        assert rt.ledger.records[-1].kind == "worker"
+    finally:
+        fusion_shim.uninstall()
+        worker.kill()
+        worker.wait()

@@ -46,11 +46,18 @@ def private_dir(path: str) -> str:
     return path
 
 
+SOCKET_ROOM = len("/worker-99.sock")
+IPC_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) less its NUL, on Linux
+
+
 def new_run_dir(env: dict | None = None) -> tuple[str, str | None]:
     """A fresh directory for this run's worker, and why the per-user one was not used (or None).
     Leftovers of dead runs are removed first."""
     try:
         base = private_dir(user_dir(env))
+        longest = len(os.path.join(base, f"run-{_pidns()}-{2 ** 22}-{2 ** 40}")) + SOCKET_ROOM
+        if longest > IPC_PATH_MAX:
+            raise RunDirError(f"{base} is too long a path for a socket ({longest} > {IPC_PATH_MAX} bytes)")
     except (RunDirError, OSError) as exc:
         return tempfile.mkdtemp(prefix="fusion-shim-"), f"{exc}: a fresh private directory is used instead"
     sweep(base)

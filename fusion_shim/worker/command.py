@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import shutil
 import sys
 from typing import Any, Callable
 
@@ -64,6 +67,8 @@ def start(p: argparse.ArgumentParser, opts: argparse.Namespace, make: Callable[.
         print(f"fusion_shim worker: binding {opts.bind} (device {device}; {security})", file=sys.stderr, flush=True)
         worker = (make or Worker)(device, opts.memory_budget, max_bytes=max_bytes, bench_cache=not opts.fresh_bench)
         serve(opts.bind, worker, parent_pid=opts.parent_pid, keys=keys, insecure=opts.insecure)
+        if opts.parent_pid is not None:
+            remove_run_dir(opts.bind, opts.parent_pid)
     except (KeyFileError, OSError) as exc:
         print(f"{p.prog}: {exc}", file=sys.stderr)
         return 2
@@ -79,6 +84,16 @@ def default_keys(url: str) -> str | None:
     if check_url(url) != "tcp" or not is_loopback(url):
         return None
     return ensure_user_keys()
+
+
+def remove_run_dir(url: str, parent_pid: int) -> None:
+    """D63: an embedded worker whose client is gone (exited, or killed by any signal) removes the
+    run's directory, its socket and log; only a directory named for that client's run."""
+    if not url.startswith("ipc://"):
+        return
+    directory = os.path.dirname(url[len("ipc://"):])
+    if re.fullmatch(rf"run-\d+-{parent_pid}-\d+(-.*)?", os.path.basename(directory)):
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def size(text: str) -> int:

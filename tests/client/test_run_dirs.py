@@ -1,6 +1,6 @@
 """A run's worker socket and log live in a directory of its own inside a per-user 0700 directory
-(D63): removed at exit and on SIGTERM, swept by the next run after a SIGKILL; a per-user directory
-that is not private to the user is refused."""
+(D63): removed at exit, by the embedded worker when its client dies of a signal, else swept by the
+next run; a per-user directory that is not private to the user is refused."""
 from __future__ import annotations
 
 import os
@@ -8,7 +8,9 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -24,8 +26,9 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def _start(tmp_path) -> tuple[subprocess.Popen, str, int]:
-    xdg = tmp_path / "xdg"
+def _start(base: str) -> tuple[subprocess.Popen, str, int]:
+    """The program, with its runtime directory in ``base`` (short: a socket path has at most 107 bytes)."""
+    xdg = Path(base) / "xdg"
     xdg.mkdir(mode=0o700, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
     env["XDG_RUNTIME_DIR"] = str(xdg)
@@ -35,32 +38,56 @@ def _start(tmp_path) -> tuple[subprocess.Popen, str, int]:
     return proc, line[0], int(line[1])
 
 
-def test_sigterm_kills_the_program_at_once_and_its_worker_follows(tmp_path):
+def test_sigterm_kills_the_program_at_once_and_its_worker_removes_the_directory(sock_dir):
     """No handler of the shim's stands between SIGTERM and the program (D63): it dies of it in its
-    sleep, and its embedded worker, its client gone, exits; the next run sweeps the directory."""
-    proc, run, worker = _start(tmp_path)
+    sleep, and its embedded worker, its client gone, removes the run's directory and exits."""
+    proc, run, worker = _start(sock_dir)
     try:
-        assert os.path.isdir(run) and run.startswith(str(tmp_path / "xdg" / "fusion_shim" / "run-"))
+        assert os.path.isdir(run) and run.startswith(os.path.join(sock_dir, "xdg", "fusion_shim", "run-"))
         assert stat.S_IMODE(os.stat(os.path.dirname(run)).st_mode) == 0o700
+        assert os.path.exists(os.path.join(run, "worker.log"))
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(READY_S) == -signal.SIGTERM
         assert gone_within(worker, READY_S)
+        assert not os.path.exists(run)
+        assert os.path.isdir(os.path.dirname(run))  # the per-user directory stays
     finally:
         proc.kill()
         proc.wait()
 
 
-def test_after_a_sigkill_the_next_run_sweeps_the_leftover(tmp_path):
-    proc, run, worker = _start(tmp_path)
+def test_after_a_sigkill_the_worker_removes_the_directory(sock_dir):
+    proc, run, worker = _start(sock_dir)
     proc.kill()
     proc.wait()
-    assert os.path.isdir(run)  # nothing could clean up
     assert gone_within(worker, READY_S)  # the embedded worker notices its client is gone
-    fresh, why = rundir.new_run_dir({"XDG_RUNTIME_DIR": str(tmp_path / "xdg")})
+    assert not os.path.exists(run)
+
+
+def test_when_both_are_killed_the_next_run_sweeps_the_leftover(sock_dir):
+    proc, run, worker = _start(sock_dir)
+    os.kill(worker, signal.SIGKILL)
+    proc.kill()
+    proc.wait()
+    assert gone_within(worker, READY_S)
+    assert os.path.isdir(run)  # nothing could clean up
+    fresh, why = rundir.new_run_dir({"XDG_RUNTIME_DIR": os.path.join(sock_dir, "xdg")})
     try:
         assert why is None and not os.path.exists(run) and os.path.isdir(fresh)
     finally:
         os.rmdir(fresh)
+
+
+def test_a_runtime_directory_too_long_for_a_socket_is_not_used(tmp_path):
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir(mode=0o700)
+    path, why = rundir.new_run_dir({"XDG_RUNTIME_DIR": str(deep)})
+    try:
+        assert why is not None and "too long a path for a socket" in why, why
+        assert os.path.dirname(path) == tempfile.gettempdir() and len(path) + rundir.SOCKET_ROOM <= rundir.IPC_PATH_MAX
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
+    finally:
+        os.rmdir(path)
 
 
 def test_a_live_runs_directory_is_not_swept(tmp_path):

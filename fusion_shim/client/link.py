@@ -68,12 +68,21 @@ class WorkerLink:
         self._probe_gen = 0
         self._failed_probes = 0  # consecutive; sets the back-off and keeps the events short
         self.stopped = False  # after stop(): no restart, no probe (a late thread must not respawn)
-        self.curve = _load_curve(config, self.url, ledger.event)
+        self._curve = _load_curve(config, self.url, ledger.event)
+        self._own_keys = not config.server_key and _loopback_tcp(self.url)
         self.lane = shmlane.ClientLane(config.shm, ledger.event)  # same-host shared memory
         _links.add(self)
         if self.curve is None and not self.embedded and not transport.is_loopback(self.url):
             ledger.event(f"connecting to {self.url} without authentication: the worker must run --insecure "
                          "(set FUSION_SHIM_SERVER_KEY and FUSION_SHIM_CLIENT_KEYS for CURVE)")
+
+    @property
+    def curve(self) -> tuple[bytes, bytes, bytes] | None:
+        """The CURVE keys for this worker. This user's own (D68) are looked for again at each new
+        channel until found: a worker started at the same moment may not have made them yet."""
+        if self._curve is None and self._own_keys:
+            self._curve = _load_curve(self.config, self.url, None)
+        return self._curve
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -112,7 +121,7 @@ class WorkerLink:
         threading.Thread(target=self._handshake, args=(gen,), name="fusion-shim-handshake", daemon=True).start()
 
     def _handshake(self, gen: int) -> None:
-        ok = False
+        ok = retry = False
         chan = None
         try:
             # its own channel, closed at the end: a probe thread must not leave a socket behind
@@ -157,21 +166,31 @@ class WorkerLink:
             self._ready(f"worker ready at {self.url} on {self.info.get('device')} "
                         f"(pid {self.info.get('pid')}, round trip {rtt * 1e6:.0f} us)")
             ok = True
+        except transport.Refused as exc:
+            if chan is not None and not chan.curve and self.curve is not None:
+                retry = True  # D68: this user's keys appeared while the plain handshake ran: not a fault
+            else:
+                self._probe_failed(exc)
         except transport.TransportError as exc:
-            if self.state != "stopped":
-                self.state = "down"
-            if not self._failed_probes:  # one event per outage, not one per retry
-                self.ledger.event(f"worker not ready: {type(exc).__name__}: {exc}")
-            self._failed_probes += 1
-            self._maybe_restart()
+            self._probe_failed(exc)
         finally:
             if chan is not None:
                 chan.close()
             with self._lock:
                 if self._probe_gen == gen:  # a restart may have started a newer probe meanwhile
                     self._probing = False
-        if not ok:
+        if retry:
+            self._probe()
+        elif not ok:
             self._reprobe_later()
+
+    def _probe_failed(self, exc: Exception) -> None:
+        if self.state != "stopped":
+            self.state = "down"
+        if not self._failed_probes:  # one event per outage, not one per retry
+            self.ledger.event(f"worker not ready: {type(exc).__name__}: {exc}")
+        self._failed_probes += 1
+        self._maybe_restart()
 
     def _bandwidth_info(self) -> dict:
         if self.bandwidth is None:
@@ -417,24 +436,30 @@ class WorkerLink:
                 pass  # it unmaps them when it sees this process gone
 
 
+def _loopback_tcp(url: str | None) -> bool:
+    return bool(url) and url.startswith("tcp://") and transport.is_loopback(url)
+
+
 def _load_curve(config: Config, url: str | None, event: Any) -> tuple[bytes, bytes, bytes] | None:
     """(server public, client public, client secret) from the Config's key files, else, for a
-    loopback tcp worker, from this user's own keys (D68); None: no CURVE."""
+    loopback tcp worker, from this user's own keys (D68); None: no CURVE. ``event``: where to say
+    why none were found (None: quietly)."""
     from ..auth import KeyFileError, load_pair, load_public, user_curve, user_keys_dir
 
     if config.server_key:
         public, secret = load_pair(config.client_keys)
         return load_public(config.server_key), public, secret
-    if not url or not url.startswith("tcp://") or not transport.is_loopback(url):
+    if not _loopback_tcp(url):
         return None
     try:
         curve = user_curve()
     except KeyFileError as exc:
-        event(f"not using this user's keys for {url}: {exc}")
+        if event is not None:
+            event(f"not using this user's keys for {url}: {exc}")
         return None
-    if curve is None:
-        event(f"no keys in {user_keys_dir()} for {url}: connecting without CURVE (a worker started on this "
-              "host without --keys makes them there; one run --insecure takes clients without them)")
+    if curve is None and event is not None:
+        event(f"no keys in {user_keys_dir()} for {url} yet: connecting without CURVE until they appear (a worker "
+              "started on this host without --keys makes them there; one run --insecure takes clients without them)")
     return curve
 
 

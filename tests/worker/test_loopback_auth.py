@@ -109,6 +109,23 @@ def test_two_commands_on_loopback_tcp_need_no_key_flags(own_config, tmp_path):
     assert "this user's processes only" in log.read_text() or str(own_config) in log.read_text()
 
 
+def test_a_client_started_before_the_worker_finds_the_keys_it_makes(own_config, tmp_path):
+    url = f"tcp://127.0.0.1:{free_port()}"
+    rt = fusion_shim.install(policy="remote", worker=url, quiet=True, timeout=30.0, ready_timeout=READY_S)
+    a = np.random.default_rng(5).standard_normal((64, 64))
+    assert not own_config.exists()
+    worker = subprocess.Popen([PY, "-m", "fusion_shim", "worker", "--bind", url, "--device", "cpu"], env=_env(),
+                              stdout=subprocess.DEVNULL, stderr=open(tmp_path / "worker.log", "wb"))
+    try:
+        np.testing.assert_allclose(np.matmul(a, a), np.matmul.__wrapped__(a, a), rtol=1e-12)  # waits for it
+        assert rt.ledger.records[-1].kind == "worker", rt.ledger.events
+        assert any("no keys in" in str(e) for e in rt.ledger.events)  # none at first, found later
+    finally:
+        fusion_shim.uninstall()
+        worker.kill()
+        worker.wait(30)
+
+
 def test_insecure_loopback_warns_and_serving_without_keys_is_refused(own_config):
     from fusion_shim.worker import Worker, serve
 

@@ -1,17 +1,18 @@
 """The same-host lane: array buffers through shared memory, headers through the socket.
 
 Through a ZeroMQ socket a 64 MiB buffer crosses at 1.3-4 GB/s (shared/LIMITS.md); through a shared
-segment it costs one memcpy on each side. The wire names a buffer instead of carrying it (the
+segment it costs one copy on each side. The wire names a buffer instead of carrying it (the
 ``shm`` array-meta key, see :mod:`fusion_shim.protocol.wire`), and everything else stays as it was: requests
 and replies, ids, deadlines, validation, the socket lane as the fallback.
 
 Ownership: **the client owns every segment**, inputs and results alike. It knows when a result
 dies (the program drops the array) and when a call was abandoned; the worker knows neither. So:
 
-- *inputs*: the client copies each buffer into an ``i`` segment from its pool; the worker maps it
-  read-only, reads it during the call, and the client takes the segment back when the reply arrives;
+- *inputs*: the client copies each buffer into an ``i`` segment from its pool; the worker reads it
+  through an fd into a buffer of its own (it never maps a client's segment: a client that truncates
+  one cannot fault the worker, D67), and the client takes the segment back when the reply arrives;
 - *results*: the call offers one ``o`` segment per result (``out_shm``), sized from what NumPy
-  would return; the worker maps it read-write and writes the result there; the client hands the
+  would return; the worker writes the result into it through its fd; the client hands the
   program a NumPy array *on that segment* (no copy on receive). The array's base is a :class:`_Lease`:
   when the last view of the result dies the segment returns to the pool;
 - a call that times out or fails on the link *retires* its segments (never reused: a late worker
@@ -20,7 +21,7 @@ dies (the program drops the array) and when a call was abandoned; the worker kno
 Lifetimes and crashes. Segments are files in ``/dev/shm`` named
 ``fshm-<pid namespace>-<pid>-<process start time>-<role><seq>``. Once the worker has mapped a
 segment (it says so in ``shm_mapped``), the client unlinks the name: from then on the memory lives
-exactly as long as the two mappings, and a SIGKILL of either side leaks nothing. Names that a crash
+exactly as long as the client's mapping and the worker's fd, and a SIGKILL of either side leaks nothing. Names that a crash
 catches in between are swept: the worker unlinks those of a client whose process is gone (it
 checks while idle, and at exit), and every client sweeps, when it starts, the names of owners that
 are dead. Owners are matched by pid *and* start time (a reused pid is not the same owner), and only

@@ -1,10 +1,13 @@
 """What both halves of the same-host lane (:mod:`.shm`) share: segment names and their owners, the
-liveness checks the sweeps rely on, and mapping a segment."""
+liveness checks the sweeps rely on, mapping a segment (the client's own) and opening, reading and
+writing one through its fd (the worker, a client's)."""
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import re
+import stat
 from typing import Any
 
 import numpy as np
@@ -100,11 +103,9 @@ def sweep_stale(only_owner: str | None = None) -> list[str]:
     return removed
 
 
-def map_segment(name: str, size: int | None, writable: bool, create: bool,
-                uid: int | None = None, limit: int | None = None) -> tuple[mmap.mmap, int]:
-    """Map segment ``name`` (creating it with ``size`` bytes when ``create``, its pages faulted in).
-    A worker mapping a client's segment gives ``uid``: it must belong to that user, and ``limit``:
-    it may be no larger (D66); its pages are faulted in as the requests read them."""
+def map_segment(name: str, size: int | None, writable: bool, create: bool) -> tuple[mmap.mmap, int]:
+    """Map segment ``name`` (creating it with ``size`` bytes when ``create``), its pages faulted in.
+    A client maps only its own segments; the worker opens a client's with :func:`open_segment`."""
     path = os.path.join(SHM_DIR, name)
     flags = os.O_RDWR if writable or create else os.O_RDONLY
     if create:
@@ -117,17 +118,11 @@ def map_segment(name: str, size: int | None, writable: bool, create: bool,
         if create:
             os.ftruncate(fd, size)
         else:
-            st = os.fstat(fd)
-            if uid is not None and st.st_uid != uid:
-                raise ShmError(f"segment {name} belongs to uid {st.st_uid}, not to the peer's {uid}")
-            size = st.st_size
-            if limit is not None and size > limit:
-                raise ShmError(f"segment {name} is {size} bytes, more than this worker's message budget ({limit})")
+            size = os.fstat(fd).st_size
         if size <= 0:
             raise ShmError(f"segment {name} is empty")
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable or create else 0)
-        # D66: a client's segment is not faulted in whole: a sparse one would fill /dev/shm
-        mm = mmap.mmap(fd, size, mmap.MAP_SHARED | (POPULATE if create or limit is None else 0), prot)
+        mm = mmap.mmap(fd, size, mmap.MAP_SHARED | POPULATE, prot)
     except (OSError, ValueError) as exc:
         if create:
             os.unlink(path)
@@ -135,6 +130,54 @@ def map_segment(name: str, size: int | None, writable: bool, create: bool,
     finally:
         os.close(fd)  # the mapping keeps the memory; the name is the only other handle
     return mm, size
+
+
+def open_segment(name: str, writable: bool, uid: int | None, limit: int | None) -> tuple[int, int]:
+    """Open a client's segment ``name``: (its fd, its size). It must be a regular file of ``uid``
+    and no larger than ``limit`` (D66). Never mapped: see :func:`read_into`, :func:`write_from`."""
+    flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_NONBLOCK  # a FIFO by that name must not block
+    try:
+        fd = os.open(os.path.join(SHM_DIR, name), flags | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as exc:
+        raise ShmError(f"cannot open segment {name}: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ShmError(f"segment {name} is not a regular file")
+        if uid is not None and st.st_uid != uid:
+            raise ShmError(f"segment {name} belongs to uid {st.st_uid}, not to the peer's {uid}")
+        if limit is not None and st.st_size > limit:
+            raise ShmError(f"segment {name} is {st.st_size} bytes, more than this worker's message budget ({limit})")
+        if st.st_size <= 0:
+            raise ShmError(f"segment {name} is empty")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def read_into(fd: int, buf: Any, offset: int) -> int:
+    """Read ``len(buf)`` bytes of ``fd`` at ``offset`` into ``buf``; the count read, fewer where the
+    file ends first. D67: a read past the end of a truncated file returns 0; a mapping would SIGBUS."""
+    view = memoryview(buf).cast("B")
+    done = 0
+    while done < len(view):
+        n = os.preadv(fd, [view[done:]], offset + done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
+def write_from(fd: int, buf: Any, offset: int) -> None:
+    """Write all of ``buf`` into ``fd`` at ``offset`` (raises OSError, ENOSPC included, when it cannot)."""
+    view = memoryview(buf).cast("B")
+    done = 0
+    while done < len(view):
+        n = os.pwritev(fd, [view[done:]], offset + done)
+        if n == 0:
+            raise OSError(errno.ENOSPC, "no byte written")
+        done += n
 
 
 def strides_of(dtype: np.dtype, shape: tuple, order: str) -> tuple:

@@ -1,50 +1,124 @@
-"""The worker's half of the same-host lane (:mod:`.shm`): its clients' segments, mapped by name on
-first use, dropped when a client says so or dies. A mapping belongs to the principal that first
-named it (D60): another principal naming it is answered as if it did not exist, and on an
-``ipc://`` connection a segment must belong to the peer's uid."""
+"""The worker's half of the same-host lane (:mod:`.shm`): its clients' segments, opened by name on
+first use and held by their fds until a client says so or dies. A segment belongs to the principal
+that first named it (D60): another principal naming it is answered as if it did not exist, and on
+an ``ipc://`` connection a segment must belong to the peer's uid. The worker never maps a client's
+segment (D67): an input is read into a buffer of the worker's own and a result is written into its
+slot through the fd, so a client that truncates its segment fails its own call, never the worker."""
 from __future__ import annotations
 
+import mmap
+import os
 import time
+import weakref
+from collections import deque
 from typing import Any
 
 import numpy as np
 
 from .principal import Principal
-from .shm_common import ShmError, boot_id, check_loc, map_segment, owner_dead, parse, sweep_stale, view_of
+from .shm_common import (POPULATE, ShmError, boot_id, check_loc, open_segment, owner_dead, parse, read_into,
+                         sweep_stale, view_of, write_from)
+
+GRANULE = 64 * 1024   # input buffers are rounded up to this, the client's segment granule
+IDLE_BYTES = 2 << 30  # free input buffers kept for reuse, as much as a client keeps of idle segments
 
 
-class _Mapping:
-    __slots__ = ("mm", "base", "size", "owner", "lo", "hi", "principal")
+class _Segment:
+    """A client's segment as the worker holds it: an open fd, never a mapping (D67)."""
+    __slots__ = ("fd", "size", "owner", "principal")
 
     def __init__(self, name: str, writable: bool, principal: Principal, limit: int | None):
-        self.mm, self.size = map_segment(name, None, writable=writable, create=False, uid=principal.uid, limit=limit)
+        self.fd, self.size = open_segment(name, writable, principal.uid, limit)
         self.principal = principal.name
-        self.base = np.frombuffer(self.mm, np.uint8)
-        if not writable:
-            self.base.flags.writeable = False
         ns, pid, start, _ = parse(name)
         self.owner = f"{ns}-{pid}-{start}"
-        self.lo = self.base.ctypes.data
-        self.hi = self.lo + self.size
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+class _Slot:
+    """A result slot checked before the kernel runs, written after it (:meth:`ShmMapper.write`)."""
+    __slots__ = ("seg", "offset", "nbytes")
+
+    def __init__(self, seg: _Segment, offset: int, nbytes: int):
+        self.seg, self.offset, self.nbytes = seg, offset, nbytes
+
+
+class _Buffers:
+    """The worker's own page-aligned buffers that inputs are read into. A buffer is reused once the
+    last array on it is gone (a tensor the store keeps, a frame still being sent, hold it): faulting
+    fresh pages in costs more than the read itself (D67). Finalizers may run on any thread: they
+    only append to a deque."""
+
+    def __init__(self) -> None:
+        self._free: list[mmap.mmap] = []  # idle, sorted by size
+        self._idle = 0
+        self._returned: deque[mmap.mmap] = deque()
+
+    def take(self, nbytes: int) -> np.ndarray:
+        """A writable uint8 array of at least ``nbytes``, on a buffer no other array uses."""
+        while self._returned:
+            self._put_back(self._returned.popleft())
+        mm = self._fit(nbytes)
+        if mm is None:
+            size = -(-max(nbytes, 1) // GRANULE) * GRANULE
+            mm = mmap.mmap(-1, size, mmap.MAP_PRIVATE | POPULATE)
+        base = np.frombuffer(mm, np.uint8)
+        weakref.finalize(base, self._returned.append, mm).atexit = False
+        return base
+
+    def _fit(self, nbytes: int) -> mmap.mmap | None:
+        for i, mm in enumerate(self._free):
+            if nbytes <= len(mm) <= 2 * max(nbytes, GRANULE):
+                del self._free[i]
+                self._idle -= len(mm)
+                return mm
+        return None
+
+    def _put_back(self, mm: mmap.mmap) -> None:
+        if self._idle + len(mm) > IDLE_BYTES:
+            return  # unmapped when its last reference goes
+        self._free.append(mm)
+        self._free.sort(key=len)
+        self._idle += len(mm)
+
+
+def _fd_share() -> int:
+    """The segments one principal may hold open: each costs an fd, and one client may take at most
+    a quarter of this process's, so that the sockets keep theirs."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, ValueError, OSError):
+        soft = 1024
+    return max(16, (soft if 0 < soft < 1 << 20 else 1 << 20) // 4)
 
 
 class ShmMapper:
-    """The worker's view of its clients' segments: mapped on first use by name, kept until the
-    client says ``shm_drop`` or dies. Inputs (``i``) are mapped read-only, result slots (``o``)
-    read-write. Used from the server loop's thread only."""
+    """The worker's view of its clients' segments: opened on first use by name, held (an fd each)
+    until the client says ``shm_drop`` or dies. Inputs (``i``) are opened read-only and read into
+    the worker's own buffers, result slots (``o``) read-write. Used from the server loop's thread only."""
 
     SWEEP_EVERY_S = 1.0
 
     def __init__(self, limit: int | None = None) -> None:
-        self.limit = limit  # the largest segment mapped: the worker's message budget (D66)
-        self._maps: dict[str, _Mapping] = {}
+        self.limit = limit  # the largest segment opened: the worker's message budget (D66)
+        self.per_principal = _fd_share()
+        self._maps: dict[str, _Segment] = {}
+        self._buffers = _Buffers()
         self._new: list[str] = []
         self.clients: dict[str, int] = {}  # owner tag -> pid, for the liveness sweep
         self._last_sweep = 0.0
         self.swept = 0  # names of dead clients unlinked
         self._by_principal: dict[str, dict[str, int]] = {}
 
-    def _get(self, name: str, role: str, principal: Principal) -> _Mapping:
+    def _get(self, name: str, role: str, principal: Principal) -> _Segment | None:
+        """The segment, opened for ``principal`` when it is new; None when it is new and
+        ``principal`` holds its share of segments already."""
         from ..protocol.wire import WireError
 
         if parse(name)[3] != role:
@@ -53,8 +127,10 @@ class ShmMapper:
         if m is not None and m.principal != principal.name:
             raise WireError(f"cannot open segment {name}: No such file or directory")  # D60: as if absent
         if m is None:
+            if self._live(principal) >= self.per_principal:
+                return None
             try:
-                m = _Mapping(name, role == "o", principal, self.limit)
+                m = _Segment(name, role == "o", principal, self.limit)
             except ShmError as exc:
                 raise WireError(str(exc)) from None
             self._maps[name] = m
@@ -69,54 +145,78 @@ class ShmMapper:
         return _Segments(self, principal)
 
     def array(self, loc: Any, dtype: np.dtype, shape: tuple, order: str, principal: Principal) -> np.ndarray:
-        """An input array on a client's segment, read-only."""
+        """An input array read from a client's segment into a buffer of the worker's, read-only."""
         from ..protocol.wire import WireError
 
         name, offset, _ = check_loc(loc)
         m = self._get(name, "i", principal)
+        if m is None:
+            raise WireError(f"cannot open segment {name}: this client holds {self.per_principal} segments here")
         nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         if offset + nbytes > m.size:
             raise WireError(f"input of {nbytes} bytes at {offset} overruns segment {name} of {m.size}")
-        return view_of(m.base, offset, dtype, shape, order)
+        base = self._buffers.take(nbytes)
+        try:
+            got = read_into(m.fd, base[:nbytes], offset)
+        except OSError as exc:
+            raise WireError(f"cannot read segment {name}: {exc.strerror}") from None
+        if got < nbytes:
+            raise WireError(f"segment {name} ends {got} bytes after {offset}, short of its input's {nbytes}: "
+                            "it was truncated")
+        arr = view_of(base, 0, dtype, shape, order)
+        arr.flags.writeable = False
+        return arr
 
-    def out_view(self, slot: Any, nbytes: int, principal: Principal) -> np.ndarray | None:
-        """The bytes of a result slot the client offered, or None when it cannot take ``nbytes``
-        (the result then travels inline)."""
+    def out_slot(self, slot: Any, nbytes: int, principal: Principal) -> _Slot | None:
+        """A result slot the client offered, to write once the kernel ran (:meth:`write`), or None
+        when it cannot take ``nbytes`` (the result then travels inline)."""
         if not isinstance(slot, dict) or slot.get("nbytes") != nbytes:
             return None
         name, offset, _ = check_loc(slot)
         m = self._get(name, "o", principal)
-        if offset + nbytes > m.size:
+        if m is None or offset + nbytes > m.size:
             return None
-        return m.base[offset:offset + nbytes]
+        return _Slot(m, offset, nbytes)
+
+    def write(self, slot: _Slot, result: np.ndarray) -> bool:
+        """Write ``result`` into its slot; False (it then travels inline) when it is not one block
+        of the slot's size, or the segment no longer reaches past the slot or cannot be written."""
+        if result.nbytes != slot.nbytes or not (result.flags.c_contiguous or result.flags.f_contiguous):
+            return False
+        fd = slot.seg.fd
+        try:
+            if fd < 0 or os.fstat(fd).st_size < slot.offset + slot.nbytes:
+                return False  # D67: the client cut its segment; a write would grow it back
+            write_from(fd, result.reshape(-1, order="A").view(np.uint8), slot.offset)
+        except OSError:
+            return False
+        return True
 
     def take_new(self) -> list[str]:
         out, self._new = self._new, []
         return out
 
     def drop(self, names: Any, principal: Principal) -> None:
-        """Forget the mappings ``principal`` names (its own only)."""
+        """Forget the segments ``principal`` names (its own only)."""
         if not isinstance(names, list):
             return
         for name in names:
             m = self._maps.get(name) if isinstance(name, str) else None
             if m is not None and m.principal == principal.name:
-                del self._maps[name]
+                self._maps.pop(name).close()
                 self._count(principal, "shm_dropped")
 
     def _count(self, principal: Principal, what: str) -> None:
         counts = self._by_principal.setdefault(principal.name, {"shm_mapped": 0, "shm_dropped": 0})
         counts[what] += 1
 
-    def stats_for(self, principal: Principal) -> dict[str, int]:
-        """``principal``'s own mappings and counters."""
-        counts = self._by_principal.get(principal.name, {"shm_mapped": 0, "shm_dropped": 0})
-        live = sum(1 for m in self._maps.values() if m.principal == principal.name)
-        return {**counts, "shm_live": live}
+    def _live(self, principal: Principal) -> int:
+        return sum(1 for m in self._maps.values() if m.principal == principal.name)
 
-    def aliases(self, ptr: int) -> bool:
-        """Does an address fall inside a client's segment? (a tensor that must be copied before it is kept)"""
-        return any(m.lo <= ptr < m.hi for m in self._maps.values())
+    def stats_for(self, principal: Principal) -> dict[str, int]:
+        """``principal``'s own segments and counters."""
+        counts = self._by_principal.get(principal.name, {"shm_mapped": 0, "shm_dropped": 0})
+        return {**counts, "shm_live": self._live(principal)}
 
     def answer_probe(self, offer: Any, principal: Principal) -> dict:
         """The worker's half of the handshake: read the client's probe segment back."""
@@ -129,20 +229,22 @@ class ShmMapper:
         if parsed is None or parsed[3] != "p" or not isinstance(token, str) or len(token) != 32:
             return {"ok": False, "why": "malformed probe"}
         try:
-            mm, _ = map_segment(name, None, writable=False, create=False, uid=principal.uid)
+            fd, _ = open_segment(name, False, principal.uid, None)
         except ShmError as exc:
             return {"ok": False, "why": f"probe not visible here ({exc}): /dev/shm is not shared"}
         try:
-            seen = bytes(mm[:len(token)]).decode("ascii", "replace")
+            seen = os.pread(fd, len(token), 0).decode("ascii", "replace")
+        except OSError:
+            seen = ""
         finally:
-            mm.close()
+            os.close(fd)
         if seen != token:
             return {"ok": False, "why": "probe segment holds another token"}
         self.clients.setdefault(f"{parsed[0]}-{parsed[1]}-{parsed[2]}", parsed[1])
         return {"ok": True}
 
     def sweep(self, force: bool = False) -> list[str]:
-        """Forget the mappings of clients that are gone and unlink the names they left behind.
+        """Forget the segments of clients that are gone and unlink the names they left behind.
         Cheap (one /proc read per client), but only every ``SWEEP_EVERY_S`` unless forced."""
         now = time.monotonic()
         if not force and now - self._last_sweep < self.SWEEP_EVERY_S:
@@ -155,7 +257,7 @@ class ShmMapper:
                 continue
             del self.clients[owner]
             for name in [n for n, m in self._maps.items() if m.owner == owner]:
-                del self._maps[name]
+                self._maps.pop(name).close()
             removed += sweep_stale(only_owner=owner)
         self.swept += len(removed)
         return removed

@@ -13,9 +13,6 @@ from . import bench
 from .kernels import DTYPES, Kernel
 from .kernels.common import _dt
 
-NUMPY_OF = {v: k for k, v in DTYPES.items()}
-
-
 class TorchBackend:
     """Moves arrays to the device and back and runs kernels there; times each phase."""
 
@@ -89,27 +86,10 @@ class TorchBackend:
             results = [r.to(_dt(d)) for r, d in zip(results, rdtypes)]
         return [_with_layout(r.resolve_conj().resolve_neg(), lay) for r, lay in zip(results, layouts)]
 
-    def to_host(self, results: list, dests: list | None = None) -> list[np.ndarray]:
-        """Results as host arrays. ``dests[i]``, where given, is a client's shared-memory slot of the
-        result's byte size: the result is written straight into it (from a GPU, one
-        device-to-host copy; on the CPU, one memcpy) and the returned array is a view on it."""
-        out = []
-        for r, dest in zip(results, dests or [None] * len(results)):
-            if (dest is None or r.dtype not in NUMPY_OF or r.numel() * r.element_size() != dest.nbytes
-                    or not (r.is_contiguous() or _f_contiguous(r))):
-                out.append(r.cpu().numpy())
-                continue
-            dt = NUMPY_OF[r.dtype]
-            if r.is_contiguous():
-                typed = dest.view(dt).reshape(tuple(r.shape))
-            else:  # F-ordered (see _with_layout): the reversed shape in C order, transposed
-                typed = dest.view(dt).reshape(tuple(r.shape)[::-1]).transpose()
-            if r.device.type == "cpu":
-                np.copyto(typed, r.resolve_conj().numpy())  # one memcpy (torch's copy_ splits it over threads: slower here)
-            else:
-                torch.from_numpy(typed).copy_(r)  # one device-to-host copy, straight into the slot
-            out.append(typed)
-        return out
+    def to_host(self, results: list) -> list[np.ndarray]:
+        """Results as host arrays (a result slot in a client's segment is then written through its
+        fd, D67)."""
+        return [r.cpu().numpy() for r in results]
 
     def warm(self, shared: bool = False) -> dict[str, Any]:
         """A first kernel per dtype, then the self-benchmark (:func:`.bench.self_benchmark`).
@@ -129,10 +109,6 @@ class TorchBackend:
                 except RuntimeError:  # not on this device or dtype: its calls fail and say so themselves
                     pass
         return bench.self_benchmark(self, shared, cache=self.bench_cache)
-
-
-def _f_contiguous(t: torch.Tensor) -> bool:
-    return t.ndim > 1 and t.permute(*range(t.ndim - 1, -1, -1)).is_contiguous()
 
 
 def _aligned(a: np.ndarray) -> np.ndarray:

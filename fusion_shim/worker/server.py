@@ -166,7 +166,9 @@ class Worker:
         self.last_was_call = False
         try:
             if self.shm is not None and frames:
-                self.shm.drop(wire.decode_header(frames[0]).get("shm_drop"), self.principal)
+                early = wire.decode_header(frames[0])
+                rid = early["id"]  # a segment that cannot give an input is answered under its request's id
+                self.shm.drop(early.get("shm_drop"), self.principal)
             segments = self.shm.acting_for(self.principal) if self.shm is not None else None
             header, arrays = wire.decode(frames, max_bytes=self.max_bytes, segments=segments)
             rid = header["id"]
@@ -200,7 +202,7 @@ class Worker:
         return self._execute(rid, header, arrays, *admitted)
 
     def _admit(self, header: dict, arrays: list) -> tuple[Any, list, list, list]:
-        """The call's kernel, declared results, result slots and their mapped bytes; raises
+        """The call's kernel, declared results, result slots as opened and as offered; raises
         :class:`_Refusal` for a call that is not admitted."""
         kernel = self.kernels.get(header.get("op"))
         if kernel is None:
@@ -221,9 +223,8 @@ class Worker:
         slots = header.get("out_shm") if self.shm is not None else None
         if not isinstance(slots, list) or len(slots) != len(declared):
             slots = [None] * len(declared)
-        # result slots in the client's segments, mapped before the kernel: a bad one is
-        # a bad request, and a result is written straight into its slot
-        dests = [None if slot is None else self.shm.out_view(slot, math.prod(shape) * dt.itemsize, self.principal)
+        # result slots in the client's segments, opened before the kernel: a bad one is a bad request
+        dests = [None if slot is None else self.shm.out_slot(slot, math.prod(shape) * dt.itemsize, self.principal)
                  for slot, (dt, shape) in zip(slots, declared)]
         return kernel, declared, dests, slots
 
@@ -234,7 +235,7 @@ class Worker:
         extra: dict[str, Any] = {}
         try:
             if self.resident:
-                results, timing, extra = self._run_resident(kernel, header, arrays, params, layouts, dests)
+                results, timing, extra = self._run_resident(kernel, header, arrays, params, layouts)
                 if "missing" in extra:
                     return messages.error(rid, "missing", "KeyError", f"{len(extra['missing'])} inputs are not held here",
                                   missing=extra["missing"])
@@ -259,10 +260,10 @@ class Worker:
                slots: list) -> messages.Reply:
         """The ``result`` reply: results in their slots where offered, the others as frames."""
         fps = extra.pop("fps", None)
-        return messages.result(rid, timing, results, fps, _place(results, dests, slots), **extra)
+        return messages.result(rid, timing, results, fps, _place(results, dests, slots, self.shm), **extra)
 
     def _run_resident(self, kernel: Any, header: dict, arrays: list, params: dict,
-                      layouts: list, dests: list) -> tuple[list, dict, dict]:
+                      layouts: list) -> tuple[list, dict, dict]:
         """Inputs from the store or the message, the kernel on the device, results kept when asked.
         Out of memory: the store is emptied but for this call's inputs, and the call runs once more."""
         metas = header["arrays"]
@@ -291,7 +292,7 @@ class Worker:
                 received = _received_fingerprint(meta, a)
                 checked_s += time.perf_counter() - c
                 if received == meta["fp"]:
-                    evicted += self.store.put(self.principal.name, meta["fp"], self._owned(t), meta, held)
+                    evicted += self.store.put(self.principal.name, meta["fp"], t, meta, held)
                 else:  # D59: kept only under the fingerprint of the bytes that came
                     who = self.principal.name
                     self.fingerprint_mismatches[who] = self.fingerprint_mismatches.get(who, 0) + 1
@@ -309,7 +310,7 @@ class Worker:
             timing["oom_retry"] = 1.0
         self.backend.sync()
         t2 = time.perf_counter()
-        out = self.backend.to_host(results, dests)
+        out = self.backend.to_host(results)
         t3 = time.perf_counter()
         timing.update(h2d=t1 - t0 - checked_s, kernel=t2 - t1, d2h=t3 - t2)
         extra: dict[str, Any] = {"evicted": evicted}
@@ -328,16 +329,9 @@ class Worker:
                 continue
             meta, buf = wire.to_wire(host)
             fp = fingerprint(meta, buf)
-            evicted = evicted + self.store.put(self.principal.name, fp, self._owned(dev), meta, held)
+            evicted = evicted + self.store.put(self.principal.name, fp, dev, meta, held)
             fps.append(fp if self.store.holds(self.principal.name, fp) else None)  # too large for the budget: not kept
         return fps, evicted
-
-    def _owned(self, t: Any) -> Any:
-        """A tensor the store may keep: on the CPU an input (or a result that is one) can be a view
-        on a client's segment, which the client reuses after the reply: a copy of those."""
-        if self.shm is not None and t.device.type == "cpu" and self.shm.aliases(t.data_ptr()):
-            return t.clone()
-        return t
 
     def _run(self, kernel: Any, arrays: list, params: dict, layouts: list) -> tuple[list, dict]:
         """Run once; out of memory: free what can be freed and run once more."""
@@ -423,18 +417,11 @@ def _size_params_over(op: str, params: dict, declared: list) -> str | None:
     return None
 
 
-def _place(out: list, dests: list, slots: list) -> list:
-    """The ``shm`` locator of each result written into its slot (copied there unless the backend
-    wrote it in place), or None for a result that travels inline."""
-    locs = []
-    for host, dest, slot in zip(out, dests, slots):
-        if dest is None or not (host.flags.c_contiguous or host.flags.f_contiguous) or host.nbytes != dest.nbytes:
-            locs.append(None)
-            continue
-        if host.ctypes.data != dest.ctypes.data:
-            dest[:] = host.reshape(-1, order="A").view(np.uint8)
-        locs.append({"name": slot["name"], "offset": slot["offset"]})
-    return locs
+def _place(out: list, dests: list, slots: list, shm: ShmMapper | None) -> list:
+    """The ``shm`` locator of each result written into its slot, or None for a result that travels
+    inline (no slot, or one it could not be written into)."""
+    return [{"name": slot["name"], "offset": slot["offset"]} if dest is not None and shm.write(dest, host) else None
+            for host, dest, slot in zip(out, dests, slots)]
 
 
 class _Refusal(Exception):

@@ -97,7 +97,7 @@ MAX_HEADER = 1 << 20
 MAX_NDIM = 64
 MAX_FRAMES = 1 + 64  # a header and at most 64 buffers: more is refused before any is looked at
 MESSAGE_TYPES = ("hello", "ready", "call", "result", "error", "stats")
-ERROR_KINDS = ("bad_request", "version", "unknown_op", "kernel_error", "out_of_memory", "missing",
+ERROR_KINDS = ("bad_request", "version", "unknown_op", "kernel_error", "out_of_memory", "missing", "busy",
                "unhealthy")
 FP_LEN = 32  # hex digits of an xxh3-128 fingerprint
 

@@ -54,10 +54,11 @@ import zmq
 
 from ..protocol import messages, wire
 from ..protocol.fingerprint import RESIDENT_MIN, fingerprint
-from ..transport import check_url, context, is_loopback, send_frames
+from ..transport import check_url, context, is_loopback
 from ..transport import shm_common
 from ..transport.shm_worker import ShmMapper
-from ..transport.principal import ANON, Principal, principal_of
+from ..transport.principal import ANON, Principal
+from .inbox import Inbox
 from .shapes import over_declared
 from .store import ResidentStore, default_budget
 
@@ -476,23 +477,23 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
     worker.enable_shm(url)
     if ready is not None:
         ready.set()
+    inbox = Inbox(sock, keys is not None)  # D69: bytes waiting, bounded per principal
     try:
-        worker.warm(shared=parent_pid is not None)  # hellos that arrive meanwhile wait in the socket: nobody is told "ready" early
+        # hellos that arrive meanwhile wait: nobody is told "ready" early
+        inbox.running(lambda: worker.warm(shared=parent_pid is not None))
         while stop is None or not stop.is_set():
-            if not sock.poll(200):
+            got = inbox.next(200)
+            if got is None:
                 worker.idle()
                 if parent_pid is not None and not _alive(parent_pid):
                     return  # the embedded worker's client is gone: do not linger as an orphan
                 continue
-            frames = sock.recv_multipart(copy=False)
-            if len(frames) < 2:
-                continue  # no routing identity: nothing to answer to
+            frames, principal = got
             if on_request is not None:
                 on_request(frames[1:])
-            principal = principal_of(frames[1], keys is not None)
-            reply = worker.handle(frames[1:], principal)
+            reply = inbox.running(lambda: worker.handle(frames[1:], principal))
             try:
-                sent = send_frames(sock, reply, prefix=[frames[0].bytes])
+                sent = inbox.send(frames[0].bytes, reply)
                 if worker.last_was_call:
                     worker.count(principal, sum(f.nbytes if hasattr(f, "nbytes") else len(f) for f in frames[1:]),
                                  sent or 0)
@@ -500,6 +501,7 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
                 print(f"fusion_shim worker: reply not sent: {exc}", file=sys.stderr)
             worker.idle()
     finally:
+        inbox.close()
         sock.close(linger=0)
         if worker.shm is not None:
             worker.shm.sweep(force=True)  # names left by clients that died

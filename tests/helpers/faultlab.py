@@ -131,7 +131,7 @@ def run_worker(bind: str, rate: float, seed: int, log: str | None, delay: float 
     ``delay``: every kernel sleeps this long first; ``crash_op``: that kernel kills the worker."""
     import zmq
 
-    from fusion_shim.worker import server
+    from fusion_shim.worker import inbox, server
 
     worker = numpy_worker()
     inj = _Injector(rate, seed, log)
@@ -147,7 +147,7 @@ def run_worker(bind: str, rate: float, seed: int, log: str | None, delay: float 
                 time.sleep(delay)
             return kernel(t, p)
         worker.kernels[kid] = wrapped
-    real_send = server.send_frames
+    real_send = inbox.send_frames
 
     def send(sock: Any, frames: Any, prefix: Any = ()) -> int:
         inj.at("before_reply")
@@ -168,7 +168,7 @@ def run_worker(bind: str, rate: float, seed: int, log: str | None, delay: float 
         inj.at("after_reply")
         return sent
 
-    server.send_frames = send  # the loop looks it up at each reply
+    inbox.send_frames = send  # the socket's owner looks it up at each reply
 
     def on_request(frames: list) -> None:
         inj.choose(frames)

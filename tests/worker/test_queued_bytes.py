@@ -1,6 +1,8 @@
 """A worker holds at most a few requests of one connection in its queue (D65): a client that sends
 forty large requests while the worker is busy leaves them in its own send queue, not in the
-worker's memory. And one message's budget follows the host's memory."""
+worker's memory. A principal with many connections may have at most its budget of bytes waiting;
+past it, requests are answered ``busy`` at once (D69). And one message's budget follows the host's
+memory."""
 from __future__ import annotations
 
 import os
@@ -14,6 +16,7 @@ import zmq
 
 from fusion_shim.protocol import messages, wire
 from fusion_shim.transport import Channel
+from fusion_shim.worker.inbox import QUEUED_BYTES
 from fusion_shim.worker.server import MAX_MESSAGE_BYTES, QUEUED_PER_CONNECTION, default_max_bytes
 from tests.helpers.shims import READY_S
 
@@ -50,6 +53,57 @@ def test_forty_large_requests_sent_while_busy_stay_out_of_the_workers_memory(soc
         assert worker.poll() is None
     finally:
         sock.close(0)
+        chan.close()
+        worker.kill()
+        worker.wait()
+
+
+def test_many_connections_of_one_principal_are_held_to_its_budget(sock_dir):
+    url = f"ipc://{sock_dir}/w.sock"
+    worker = subprocess.Popen([sys.executable, "-m", "fusion_shim.worker.testing", "--bind", url, "--device", "cpu",
+                               "--delay", "4"], stderr=subprocess.DEVNULL)
+    chan = Channel(url)
+    socks = []
+    try:
+        assert chan.request(messages.hello(1), time.monotonic() + READY_S).header["t"] == "ready"
+        before = _rss(worker.pid)
+        x = np.ones(MIB16 // 8)
+        header = messages.call_header(0, "echo", {"cdtype": "<f8"}, ["C"], [("<f8", x.shape)])
+        frames = messages.Request({**header, "id": 2}, [wire.to_wire(x)]).frames()
+        first = zmq.Context.instance().socket(zmq.DEALER)
+        first.setsockopt(zmq.LINGER, 0)
+        first.connect(url)
+        first.send_multipart(frames, copy=False)  # holds the worker 4 s
+        time.sleep(0.5)
+        for c in range(10):  # ten connections, four requests each: 640 MiB
+            sock = zmq.Context.instance().socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.connect(url)
+            socks.append(sock)
+            for rid in range(4):
+                sock.send_multipart(messages.Request({**header, "id": 100 * c + rid}, [wire.to_wire(x)]).frames(),
+                                    copy=False)
+        busy = 0
+        deadline = time.monotonic() + 2.5  # still inside the first call's delay
+        while time.monotonic() < deadline:
+            for sock in socks:
+                while sock.poll(0):
+                    reply, _ = wire.decode(sock.recv_multipart())
+                    busy += reply["t"] == "error" and reply["kind"] == "busy"
+            time.sleep(0.05)
+        grown = _rss(worker.pid) - before
+        # what may wait; the call, its reply, one being read, and chunks of shed requests that the
+        # allocator keeps for reuse (without the bound: 40 x 16 MiB)
+        limit = QUEUED_BYTES + 10 * MIB16
+        assert grown < limit, f"worker RSS grew {grown >> 20} MiB, limit {limit >> 20} MiB"
+        assert busy >= 40 - QUEUED_BYTES // MIB16, busy  # the rest answered at once
+        assert worker.poll() is None
+        assert chan.request(messages.hello(3), time.monotonic() + READY_S * 2).header["t"] == "ready"
+    finally:
+        for sock in socks:
+            sock.close(0)
+        first.close(0)
         chan.close()
         worker.kill()
         worker.wait()

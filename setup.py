@@ -1,7 +1,9 @@
 """Only what pyproject.toml cannot say:
 
 - install ``fusion_shim.pth`` at the top of site-packages, so that ``FUSION_SHIM=1 python app.py``
-  works for any launch (see fusion_shim/_bootstrap.py);
+  works for any launch (see ``fusion_shim._start``); an editable install (``pip install -e .``)
+  gets it too, written into its wheel beside setuptools' own ``.pth``, or says at build that it
+  could not;
 - build the optional C extension ``fusion_shim._native`` from ``native/_native.c`` (the
   trampolines behind ``a @ b``, ``a @= b`` and ``a.dot(b)``). If it cannot be built (no compiler, no
   NumPy headers), the package still installs and works; the shim's report then says that the
@@ -13,6 +15,7 @@ import sys
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
+from setuptools.command.editable_wheel import editable_wheel
 from setuptools.errors import CCompilerError, ExecError, PlatformError
 
 PTH = "fusion_shim.pth"
@@ -30,6 +33,43 @@ class BuildPyWithPth(build_py):
         mapping = super().get_output_mapping()
         mapping[os.path.join(self.build_lib, PTH)] = PTH
         return mapping
+
+
+class EditableWheelWithPth(editable_wheel):
+    """The editable wheel holds only setuptools' finder and its ``.pth``: ours is added to it, so that
+    ``FUSION_SHIM=1`` works from a checkout installed with ``pip install -e .``. Ours sorts after
+    ``__editable__.*.pth``, so the finder that makes ``fusion_shim`` importable is in place first."""
+
+    def _select_strategy(self, name, tag, build_lib):
+        # setuptools' own hook since 64 (the EditableStrategy protocol): ours wraps whatever it picks
+        return _WithPth(super()._select_strategy(name, tag, build_lib))
+
+
+class _WithPth:
+    def __init__(self, strategy):
+        self.strategy = strategy
+
+    def __call__(self, wheel, files, mapping):
+        self.strategy(wheel, files, mapping)
+        with open(PTH, "rb") as f:
+            wheel.writestr(PTH, f.read())
+
+    def __enter__(self):
+        self.strategy.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.strategy.__exit__(*exc)
+
+
+def _editable_cmdclass():
+    """The editable command, or, where this setuptools has no strategy hook, a warning at build that
+    ``FUSION_SHIM=1`` will do nothing with this install (the README says what to do instead)."""
+    if hasattr(editable_wheel, "_select_strategy"):
+        return {"editable_wheel": EditableWheelWithPth}
+    print("WARNING: fusion_shim: this setuptools cannot add fusion_shim.pth to an editable install: "
+          "FUSION_SHIM=1 will do nothing; use `python -m fusion_shim app.py`, or `pip install .`", file=sys.stderr)
+    return {}
 
 
 class OptionalBuildExt(build_ext):
@@ -73,7 +113,7 @@ class OptionalBuildExt(build_ext):
 
 
 setup(
-    cmdclass={"build_py": BuildPyWithPth, "build_ext": OptionalBuildExt},
+    cmdclass={"build_py": BuildPyWithPth, "build_ext": OptionalBuildExt, **_editable_cmdclass()},
     ext_modules=[
         Extension(
             "fusion_shim._native",

@@ -10,31 +10,35 @@ Library use::
 
 Programs: ``python -m fusion_shim app.py [args]``, ``python -m fusion_shim -m pkg.mod [args]``, or
 ``FUSION_SHIM=1 python app.py`` for any launch.
+
+This module imports only what the interpreter has loaded at start: ``fusion_shim.pth`` imports it
+and runs :func:`_start` in every process that sets ``FUSION_SHIM`` (D111). Its names load on first use.
 """
-from __future__ import annotations
-
+import os
 import sys
-import types
-from typing import Any
-
-from .config import Config, ConfigError
-from .errors import FallbackError
+import time
 
 __version__ = "0.1.0"
 __all__ = ["Config", "ConfigError", "FallbackError", "active", "install", "report", "uninstall", "__version__"]
 
-_LAZY = ("active", "install", "uninstall")  # from .intercept, loaded on first use: a worker never needs it
+_LAZY = {"active": "intercept", "install": "intercept", "uninstall": "intercept",  # a worker never needs these
+         "Config": "config", "ConfigError": "config", "FallbackError": "errors"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        from . import intercept
+def __getattr__(name):
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-        return getattr(intercept, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{where}"), name)
 
 
-def report() -> dict[str, Any] | None:
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+def report():
     """The report of the running shim so far (the same map ``--report`` writes), or None."""
     from . import intercept
     from .report import build
@@ -43,19 +47,67 @@ def report() -> dict[str, Any] | None:
     return None if rt is None else build(rt)
 
 
-class _Package(types.ModuleType):
+_ModuleType = type(sys)  # types.ModuleType, without importing types
+
+
+class _Package(_ModuleType):
     """``fusion_shim.report`` is the function above: importing the ``report`` subpackage (which
     binds a submodule on its package) must not replace it."""
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        if not (name == "report" and isinstance(value, types.ModuleType)):
+    def __setattr__(self, name, value):
+        if not (name == "report" and isinstance(value, _ModuleType)):
             super().__setattr__(name, value)
 
 
 sys.modules[__name__].__class__ = _Package
 
 
-def load_ipython_extension(ipython: Any) -> None:
+_PREFIX = "FUSION_SHIM_"  # config.PREFIX, not imported: config loads dataclasses
+_started = False
+
+
+def _start():
+    """What ``fusion_shim.pth`` runs at interpreter start when ``FUSION_SHIM`` is set and not "0":
+    a hook on ``numpy`` that installs the shim when it is imported, and nothing else loaded. Settings
+    given as ``FUSION_SHIM_*`` variables are checked now, so that an invalid one fails before the
+    program runs; with none given the defaults need no check. Children inherit the variable, and so
+    the shim; they also inherit ``FUSION_SHIM_WORKER`` once this process has started its worker."""
+    global _started
+    if _started:
+        return
+    _started = True
+    t = time.perf_counter()
+    from . import _hooks
+
+    config = _checked_config() if any(k.startswith(_PREFIX) for k in os.environ) else None
+    _hooks.when_imported("numpy", lambda numpy: _install_at_numpy(config))
+    _hooks.SPENT["bootstrap"] = time.perf_counter() - t
+
+
+def _checked_config():
+    from .config import Config, ConfigError
+
+    try:
+        return Config.load()
+    except ConfigError as exc:
+        sys.stderr.write(f"fusion_shim: {exc}\n")
+        sys.stderr.flush()
+        # not SystemExit: raised while site imports the .pth, it becomes "Fatal Python error:
+        # init_import_site" with a traceback and exit code 1; nothing has run yet that needs atexit
+        os._exit(2)
+
+
+def _install_at_numpy(config):
+    t = time.perf_counter()
+    from .config import Config
+    from .intercept import install, note_startup
+
+    note_startup("interception", time.perf_counter() - t)  # its modules; install() adds the rest
+    # no variable was set at start: the defaults, whatever the program put in os.environ since
+    install(config or Config(), export_env=True)
+
+
+def load_ipython_extension(ipython):
     """``%load_ext fusion_shim``: registers the ``%%fusion_shim`` cell magic."""
     from .ipython import load_ipython_extension as load
 

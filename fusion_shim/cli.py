@@ -15,6 +15,7 @@ import builtins
 import importlib.util
 import os
 import sys
+import time
 import types
 from typing import Any
 
@@ -86,6 +87,7 @@ def parse_run(argv: list[str]) -> tuple[dict[str, Any], str | None, str | None, 
 
 
 def main(argv: list[str] | None = None) -> int:
+    started = time.perf_counter()
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["-h"], ["--help"]) or not argv:
         print(USAGE, file=sys.stdout if argv else sys.stderr)
@@ -106,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ConfigError) as exc:
         print(f"fusion_shim: {exc}\n\n{USAGE}", file=sys.stderr)
         return 2
-    return run_program(config, script, module, args)
+    return run_program(config, script, module, args, started)
 
 
 def calibrate_main(argv: list[str]) -> int:
@@ -125,11 +127,15 @@ def calibrate_main(argv: list[str]) -> int:
     return 0
 
 
-def run_program(config: Any, script: str | None, module: str | None, args: list[str]) -> int:
-    from .intercept import install
+def run_program(config: Any, script: str | None, module: str | None, args: list[str],
+                started: float | None = None) -> int:
+    """Install the shim and run the program as plain python would; ``started``: when the launcher
+    began (its time up to the program's first line is the report's ``launcher`` start-up)."""
+    started = time.perf_counter() if started is None else started
+    from .intercept import install, note_startup
 
     # children inherit the shim with these same settings, less the report file (one per process
-    # would overwrite it); they reuse this process's worker once it has one (see _bootstrap)
+    # would overwrite it); they reuse this process's worker once it has one (see fusion_shim._start)
     child_env = {k: v for k, v in config.to_env().items() if k != "FUSION_SHIM_REPORT"}
     os.environ.update(child_env, FUSION_SHIM="1")
     install(config, export_env=True)
@@ -143,6 +149,7 @@ def run_program(config: Any, script: str | None, module: str | None, args: list[
             return 2
     sys.argv = [argv0, *args]
     sys.modules["__main__"] = main_mod
+    note_startup("launcher", time.perf_counter() - started)
     try:
         exec(code, main_mod.__dict__)
     except SystemExit:

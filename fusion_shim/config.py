@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 PREFIX = "FUSION_SHIM_"
+SCHEMES = ("inproc", "ipc", "tcp")  # the transports' URL schemes (fusion_shim.transport serves them)
 POLICIES = ("auto", "local", "remote")
 SHM_MODES = ("auto", "0")
 DEVICES_HELP = "auto, cpu, cuda or cuda:N"
@@ -99,8 +100,6 @@ def _worker_url(name: str, raw: str) -> str | None:
     value = raw.strip()
     if not value:
         return None
-    from .transport import SCHEMES  # local import: config stays importable without zmq
-
     scheme = value.split("://", 1)[0] if "://" in value else ""
     if scheme not in SCHEMES:
         raise ConfigError(f"{name}={raw!r} has an unknown scheme; valid: {', '.join(s + '://' for s in SCHEMES)}")

@@ -81,6 +81,9 @@ class Ledger:
         # the same counts kept in C (the trampolines and the C fast path): (read, reset),
         # read() -> {op: calls kept local by the floor}
         self.counters: list[tuple[Callable[[], dict[str, int]], Callable[[], None]]] = []
+        # seconds the shim spent starting, per phase (bootstrap, launcher, interception at NumPy's
+        # import, each part made on first need): kept apart from every call's time
+        self.startup: dict[str, float] = {}
 
     def clear(self) -> None:
         """Forget every record, aggregate and event (a new phase of a run; tests)."""
@@ -98,6 +101,11 @@ class Ledger:
         since another thread of the parent may have held the old one at the fork)."""
         self.lock = threading.Lock()
         self.clear()
+        self.startup = {}  # the parent paid for what it loaded; the child's own first needs count
+
+    def add_startup(self, phase: str, seconds: float) -> None:
+        with self.lock:
+            self.startup[phase] = self.startup.get(phase, 0.0) + seconds
 
     def now(self) -> float:
         return time.perf_counter() - self.started
@@ -158,6 +166,7 @@ class Ledger:
                 "events": [{"t_s": t, "what": w} for t, w in self.events],
                 "records": [asdict(r) for r in self.records],
                 "records_dropped": self.dropped,
+                "startup": dict(self.startup),
             }
 
 

@@ -280,10 +280,11 @@ def tiny(a: ndarray, core: tuple = (), fill: str = "zeros", dtype: Any = None) -
 
 def unwrap(fn: Any) -> Any:
     """The function behind the shim's wrapper (only the shim's: NumPy's dispatchers and SciPy's
-    batching decorators carry ``__wrapped__`` too, and must stay in place). The shim wraps with a
-    ``wrapt.FunctionWrapper`` or, with its C extension, a ``wrapt.ObjectProxy`` subclass of its own."""
-    wrapt = sys.modules.get("wrapt")
-    if wrapt is None:  # not imported: nothing in this process was wrapped by the shim
+    batching decorators carry ``__wrapped__`` too, and must stay in place). The shim wraps with
+    wrapt's ``FunctionWrapper`` or, with its C extension, an ``ObjectProxy`` subclass of its own."""
+    # wrapt's C types (intercept.wrappers loads them alone), else its Python ones (no C part)
+    wrapt = sys.modules.get("wrapt._wrappers") or sys.modules.get("wrapt.wrappers")
+    if wrapt is None:  # not loaded: nothing in this process was wrapped by the shim
         return fn
     ours = isinstance(fn, wrapt.FunctionWrapper) or (  # the wrapt path, or the C fast path's proxy class
         isinstance(fn, wrapt.ObjectProxy) and type(fn).__module__.partition(".")[0] == __name__.partition(".")[0])

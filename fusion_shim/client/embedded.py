@@ -2,10 +2,12 @@
 worker URL is given; whether this host has a GPU it could use; its scheduling priority."""
 from __future__ import annotations
 
-import glob
 import os
-import subprocess
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # loaded by spawn(): the runtime reads gpu_visible() at NumPy's import (D113)
+    import subprocess
 
 
 def gpu_visible() -> bool:
@@ -15,8 +17,16 @@ def gpu_visible() -> bool:
     hidden = os.environ.get("CUDA_VISIBLE_DEVICES")
     if hidden is not None and hidden.strip() in ("", "-1"):
         return False
-    return bool(glob.glob("/dev/nvidia[0-9]*") or glob.glob("/proc/driver/nvidia/gpus/*")
-                or os.path.exists("/dev/kfd"))
+    return bool(any(n.startswith("nvidia") and n[6:7].isdigit() for n in _listdir("/dev"))  # /dev/nvidia[0-9]*
+                or _listdir("/proc/driver/nvidia/gpus") or os.path.exists("/dev/kfd"))
+
+
+def _listdir(path: str) -> list[str]:
+    """glob's answer without glob (read at NumPy's import, D113): no directory, no names."""
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def parallel_blas() -> bool:
@@ -34,6 +44,8 @@ def parallel_blas() -> bool:
 def spawn(url: str, tmpdir: str, device: str, policy: str) -> subprocess.Popen:
     """Start the worker bound at ``url``, its output to ``tmpdir``/worker.log; under ``auto`` at idle
     priority (:func:`lower_priority`)."""
+    import subprocess
+
     env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
     env["FUSION_SHIM"] = "0"  # the worker must not intercept (nor start a worker of its own)
     pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

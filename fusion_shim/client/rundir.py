@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import stat
-import tempfile
+import sys
 
-from ..transport.shm_common import _pidns, owner_dead, proc_start
+from ..procinfo import owner_dead, pidns, proc_start
 
 _RUN = re.compile(r"run-(\d+)-(\d+)-(\d+)(-.*)?$")  # a second runtime's has a suffix
 
@@ -29,7 +28,17 @@ def user_dir(env: dict | None = None) -> str:
     xdg = env.get("XDG_RUNTIME_DIR")
     if xdg and os.path.isabs(xdg):
         return os.path.join(xdg, "fusion_shim")
-    return os.path.join(tempfile.gettempdir(), f"fusion-shim-{os.geteuid()}")
+    return os.path.join(_temp_root(), f"fusion-shim-{os.geteuid()}")
+
+
+def _temp_root() -> str:
+    """``tempfile.gettempdir()`` where tempfile is loaded; else its usual answer without loading it
+    (a deferred worker's directory is made at NumPy's import, D113): one that is not writable is
+    refused by private_dir, and new_run_dir's fallback then asks tempfile itself."""
+    loaded = sys.modules.get("tempfile")
+    if loaded is not None:
+        return loaded.gettempdir()
+    return next((os.environ[v] for v in ("TMPDIR", "TEMP", "TMP") if os.environ.get(v)), "/tmp")
 
 
 def private_dir(path: str) -> str:
@@ -55,17 +64,21 @@ def new_run_dir(env: dict | None = None) -> tuple[str, str | None]:
     Leftovers of dead runs are removed first."""
     try:
         base = private_dir(user_dir(env))
-        longest = len(os.path.join(base, f"run-{_pidns()}-{2 ** 22}-{2 ** 40}")) + SOCKET_ROOM
+        longest = len(os.path.join(base, f"run-{pidns()}-{2 ** 22}-{2 ** 40}")) + SOCKET_ROOM
         if longest > IPC_PATH_MAX:
             raise RunDirError(f"{base} is too long a path for a socket ({longest} > {IPC_PATH_MAX} bytes)")
     except (RunDirError, OSError) as exc:
+        import tempfile
+
         return tempfile.mkdtemp(prefix="fusion-shim-"), f"{exc}: a fresh private directory is used instead"
     sweep(base)
     pid = os.getpid()
-    path = os.path.join(base, f"run-{_pidns()}-{pid}-{proc_start(pid) or 0}")
+    path = os.path.join(base, f"run-{pidns()}-{pid}-{proc_start(pid) or 0}")
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:  # a second runtime in this process (install after uninstall)
+        import tempfile
+
         path = tempfile.mkdtemp(prefix=os.path.basename(path) + "-", dir=base)
     return path, None
 
@@ -85,6 +98,8 @@ def sweep(base: str) -> list[str]:
             continue
         ns, pid, start = (int(x) for x in m.groups()[:3])
         if owner_dead(ns, pid, start):
+            import shutil  # here, as tempfile: see _temp_root
+
             shutil.rmtree(os.path.join(base, name), ignore_errors=True)
             removed.append(name)
     return removed

@@ -15,25 +15,37 @@ report says why. ``FUSION_SHIM_DEVICE=cpu`` starts it at once.
 
 The runtime never imports the interceptor: the interceptor constructs it with ``publish_floors``,
 the callback that carries the planner's floors to the C fast path and each wrapped function.
+
+D113: made when NumPy is imported, the runtime holds only its ledger, its Config and the floor cells
+the wrapped functions read (:mod:`fusion_shim.plan.cells`). The planner, the call path (checks,
+residency, the wire) and the worker links (ZeroMQ, shared memory) are made on first need, whichever
+thread needs them first: the first call above a floor, the workers' start (at install, unless the
+embedded worker is deferred; then when it starts), a program that asks for them. Each one's time is
+a line of the report's start-up (:meth:`note_startup`); the report itself reads only what was made
+(:meth:`made_links`, :meth:`made_planner`).
 """
 from __future__ import annotations
 
 import inspect
 import os
-import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from .. import plan
 from ..catalog import OpSpec
 from ..config import Config
 from ..ledger import Ledger, Record
+from ..plan.cells import floor_cells, starting_floor
 from . import GUARD, embedded
-from .call import CallPath
-from .checks import Checks
-from .link import WorkerLink
-from .residency import HashRate, Reuse
+
+if TYPE_CHECKING:  # made on first need (D113): their modules load ZeroMQ, msgpack, xxhash, the planner
+    import queue
+
+    from ..plan import Planner
+    from .call import CallPath
+    from .checks import Checks
+    from .link import WorkerLink
+    from .residency import HashRate, Reuse
 
 CPU_WORKER_AFTER_S = 10.0  # D22: no GPU here: the embedded (CPU) worker starts once the program has run this long
 
@@ -53,21 +65,23 @@ class Runtime:
         self.export_env = export_env
         self._publish = publish_floors
         self._urls: list[str | None] = list(config.workers) or [config.worker]  # None: an embedded worker
-        self.links: list[WorkerLink] = []  # filled by start(); the call path holds this same list
-        self.link: WorkerLink | None = None  # the first (with one worker, the only one)
-        self.planner = self._planner(config)
+        self._pid = os.getpid()
+        # the cells every wrapped function reads, from install on; the planner, once made, keeps them
+        self._floor_cells = floor_cells(config.policy)
+        self._made = threading.RLock()  # each lazy part is made once, by whichever thread needs it first
+        self._planner: "Planner | None" = None
+        self._links: list[WorkerLink] = []  # filled when made; the call path holds this same list
+        self._links_made = False
+        self._calls: "CallPath | None" = None
+        self._started = False
         # an embedded CPU worker is deferred (D22); under auto every floor stays NEVER until a
         # worker is ready (Planner.held), so until it has started and warmed
         self.deferred = (config.policy == "auto" and self._urls == [None] and config.device == "auto"
                          and not embedded.gpu_visible())
+        self._deferred_dir: str | None = None  # where the deferred worker will listen (children were told)
         # whether `@`, `@=` and `.dot` are intercepted, and why not (note_operators)
         self.operators: dict[str, Any] = {"intercepted": False, "why": "not installed", "fast_path": "wrapt"}
         self.started_wall = time.time()
-        self.hash_rate = HashRate()
-        self.reuse = Reuse()
-        self.checks = Checks(config, self.ledger, self.planner, self.guard)
-        self.calls = CallPath(config, self.ledger, self.planner, self.links, self.checks, self.hash_rate,
-                              self.reuse)
         self._bg_lock = threading.Lock()
         self._bg_queue: "queue.SimpleQueue | None" = None
         self._bg_pid = 0
@@ -77,31 +91,118 @@ class Runtime:
         """The run's settings, fixed at install (the call path and the checks hold the same)."""
         return self._config
 
-    def _planner(self, config: Config) -> plan.Planner:
+    # -- made on first need (D113) ----------------------------------------------------------------
+    @property
+    def planner(self) -> "Planner":
+        """The decision engine: made on first need, with the floor cells held since install."""
+        if self._planner is None:
+            with self._made:
+                if self._planner is None:
+                    t = time.perf_counter()
+                    self._planner = self._make_planner(self.config)
+                    self.note_startup("planner", time.perf_counter() - t)
+        return self._planner
+
+    def _make_planner(self, config: Config) -> "Planner":
+        from ..catalog import CATALOG, OPERATORS
+        from ..plan import calibrate
+        from ..plan.planner import Planner
+
         cache = None
         if not self.local_only:
-            from ..plan import calibrate
             key = calibrate.build_key()
             cache = calibrate.Cache(calibrate.cache_path(key), key)
-        from ..catalog import CATALOG, OPERATORS
-        return plan.Planner(config.policy, len(self._urls), min_flops=config.min_flops, cache=cache,
-                            background=self._background, on_event=self.ledger.event,
-                            ops={s.name: s.family for s in (*CATALOG, *OPERATORS)},
-                            inputs_may_be_resident=config.residency, worker_busy=self._worker_busy,
-                            on_floors=self._publish_floors)
+        return Planner(config.policy, len(self._urls), min_flops=config.min_flops, cache=cache,
+                       background=self._background, on_event=self.ledger.event,
+                       ops={s.name: s.family for s in (*CATALOG, *OPERATORS)},
+                       inputs_may_be_resident=config.residency, worker_busy=self._worker_busy,
+                       on_floors=self._publish_floors, floor_cells=self._floor_cells)
+
+    @property
+    def links(self) -> "list[WorkerLink]":
+        """The worker links (none under policy local), made on first need."""
+        if not self._links_made:
+            self._make_links()
+        return self._links
+
+    @property
+    def link(self) -> "WorkerLink | None":
+        """The first link (with one worker, the only one)."""
+        links = self.links
+        return links[0] if links else None
+
+    def made_links(self) -> "list[WorkerLink]":
+        """The links made so far, making none: what the report and the exit read."""
+        return self._links
+
+    def made_planner(self) -> "Planner | None":
+        """The planner if it was made, making none."""
+        return self._planner
+
+    def _make_links(self) -> None:
+        with self._made:
+            if self._links_made or self.local_only:
+                return
+            planner = self.planner
+            t = time.perf_counter()
+            from .link import WorkerLink
+
+            self._links.extend(WorkerLink(self.config, self.ledger, planner, url, i) for i, url in enumerate(self._urls))
+            self._links_made = True
+            if self.deferred:
+                first = self._links[0]
+                first.state = "deferred"
+                if self._deferred_dir is not None:
+                    # the URL children were told at install, which its first spawn binds; the
+                    # directory is this process's own (a forked child's link must not remove it)
+                    first.url = f"ipc://{self._deferred_dir}/worker-0.sock"
+                    if os.getpid() == self._pid:
+                        first.tmpdir, self._deferred_dir = self._deferred_dir, None
+            self.note_startup("worker links", time.perf_counter() - t)
+
+    def _parts(self) -> "CallPath":
+        """The call path and the checks (and residency, the wire), made together on first need."""
+        if self._calls is None:
+            with self._made:
+                if self._calls is None:
+                    planner = self.planner
+                    t = time.perf_counter()
+                    from .call import CallPath
+                    from .checks import Checks
+                    from .residency import HashRate, Reuse
+
+                    hash_rate, reuse = HashRate(), Reuse()
+                    checks = Checks(self.config, self.ledger, planner, self.guard)
+                    self._calls = CallPath(self.config, self.ledger, planner, self._links, checks, hash_rate, reuse)
+                    self.note_startup("call path", time.perf_counter() - t)
+        return self._calls
+
+    @property
+    def calls(self) -> "CallPath":
+        return self._parts()
+
+    @property
+    def checks(self) -> "Checks":
+        return self._parts().checks
+
+    @property
+    def hash_rate(self) -> "HashRate":
+        return self._parts().hash_rate
+
+    @property
+    def reuse(self) -> "Reuse":
+        return self._parts().reuse
 
     def _worker_busy(self) -> bool:
         """Whether a worker computing on this machine's CPUs has a call of ours in flight."""
-        return any(link.inflight and link.cpus_shared for link in self.links)
+        return any(link.inflight and link.cpus_shared for link in self._links)
 
     # -- start and end --------------------------------------------------------------------------
     def start(self) -> None:
         """Start (or connect to) the workers in the background; called once NumPy is imported."""
-        if self.local_only or self.link is not None:
+        if self.local_only or self._started:
             return
-        self.links.extend(WorkerLink(self.config, self.ledger, self.planner, url, i)
-                          for i, url in enumerate(self._urls))
-        self.link = self.links[0]
+        self._started = True
         if self.deferred:
             self._defer()
             return
@@ -113,7 +214,8 @@ class Runtime:
             os.environ["FUSION_SHIM_WORKER"] = self.link.url
 
     def _defer(self) -> None:
-        self.link.state = "deferred"
+        """D22: the embedded CPU worker starts after CPU_WORKER_AFTER_S; its link is made then (or
+        when something asks for it), in state ``deferred`` until it starts."""
         self.ledger.event(f"no GPU on this host: the embedded worker would run on this program's own CPUs, "
                           f"so it starts only after {CPU_WORKER_AFTER_S:g} s of run (FUSION_SHIM_DEVICE=cpu "
                           "starts it now; FUSION_SHIM_WORKER connects to another host's)")
@@ -121,11 +223,18 @@ class Runtime:
         timer.daemon = True
         timer.start()
         if self.export_env:  # children connect to the worker this process will start, never their own
-            os.environ["FUSION_SHIM_WORKER"] = self.link.url = f"ipc://{self.link.make_tmpdir()}/worker-0.sock"
+            from .rundir import new_run_dir
+
+            self._deferred_dir, why = new_run_dir()  # the link's own (make_tmpdir), made before the link is
+            if why:
+                self.ledger.event(f"runtime directory refused: {why}")
+            os.environ["FUSION_SHIM_WORKER"] = f"ipc://{self._deferred_dir}/worker-0.sock"
 
     def _start_deferred(self) -> None:
         """The deferred embedded CPU worker: the program has run long enough to pay for its start."""
-        link = self.link
+        if self.local_only:
+            return
+        link = self.link  # made here, off the program's thread, unless something needed it before
         if self.local_only or link is None or link.stopped or link.state != "deferred" or os.getpid() != link.owner:
             return  # shut down meanwhile, or a forked child's copy
         self.deferred = False
@@ -138,8 +247,13 @@ class Runtime:
         """Stop the workers this process started and the background thread; wrappers someone kept a
         reference to pass straight through from now on."""
         self.local_only = True
-        for link in self.links:
+        with self._made:  # no link is being made meanwhile; none is made after
+            self._links_made = True
+        for link in self._links:
             link.stop()
+        if self._deferred_dir is not None and os.getpid() == self._pid:  # told to children, never used
+            _remove_dir(self._deferred_dir)
+            self._deferred_dir = None
         with self._bg_lock:
             if self._bg_queue is not None and self._bg_pid == os.getpid():
                 self._bg_queue.put((None, ""))  # the background thread ends after its current job
@@ -147,7 +261,7 @@ class Runtime:
 
     def after_fork_in_child(self) -> None:
         self.ledger.reset_after_fork()
-        self.ledger.event(f"forked from pid {self.link.owner if self.link else '?'}; own connection to the worker")
+        self.ledger.event(f"forked from pid {os.getppid()}; own connection to the worker")
 
     # -- what the interceptor tells the runtime about itself --------------------------------------
     def note_operators(self, intercepted: bool, why: str, fast_path: str) -> None:
@@ -155,6 +269,10 @@ class Runtime:
         self.operators = {"intercepted": intercepted, "why": why, "fast_path": fast_path}
         self.ledger.event("operators @, @=, .dot intercepted" if intercepted
                           else f"operators @, @=, .dot not intercepted: {why}")
+
+    def note_startup(self, phase: str, seconds: float) -> None:
+        """Time the shim spent starting, on ``phase``: at install, or on a part's first need."""
+        self.ledger.add_startup(phase, seconds)
 
     def add_counters(self, read: Callable[[], dict[str, int]], reset: Callable[[], None]) -> None:
         """Fast-path counts kept outside Python (the C paths): read and reset with the ledger's."""
@@ -165,11 +283,12 @@ class Runtime:
     def floor_bytes(self) -> int:
         """The smallest floor of any op (the C fast path compares with it); each op's own is
         ``floor_cell(name)[0]``."""
-        return self.planner.floor_bytes
+        planner = self._planner
+        return starting_floor(self.config.policy) if planner is None else planner.floor_bytes
 
     def floor_cell(self, name: str) -> list[int]:
         """The op's floor as a one-element list the interceptor reads without a lock or a lookup."""
-        return self.planner.floor_cells[name]
+        return self._floor_cells[name]
 
     def operator_floors(self) -> tuple[int, int, int]:
         """The own floors of ``@``, ``@=`` and ``.dot`` (catalog.OPERATORS' order)."""
@@ -182,7 +301,7 @@ class Runtime:
         and each operator its own."""
         if self.local_only or self._publish is None:
             return
-        cells = self.planner.floor_cells
+        cells = self._floor_cells
         floors = {name: cells[name][0] for name in ops if name in cells}
         operators = self.operator_floors() if any(name.startswith("numpy.ndarray.") for name in ops) else None
         self._publish(floor_bytes, floors, operators)
@@ -203,6 +322,8 @@ class Runtime:
         (under policy auto; else on first use): starting a thread waits for it to run."""
         with self._bg_lock:
             if self._bg_queue is None or self._bg_pid != os.getpid():  # a forked child starts its own
+                import queue  # with the thread: a deferred or local run never starts one
+
                 self._bg_queue, self._bg_pid = queue.SimpleQueue(), os.getpid()
                 threading.Thread(target=self._background_loop, args=(self._bg_queue,), name="fusion-shim-background",
                                  daemon=True).start()
@@ -243,3 +364,15 @@ class Runtime:
             raise
         self.calls.local_done(got, time.perf_counter() - t, None)
         return result
+
+
+def _remove_dir(path: str) -> None:
+    """An unused run directory, empty as made: rmdir, without loading shutil at exit; else rmtree."""
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,4 +1,4 @@
-"""Interception: a wrapt post-import hook on ``numpy`` wraps every catalog row.
+"""Interception: a post-import hook on ``numpy`` (:mod:`fusion_shim._hooks`) wraps every catalog row.
 
 Rows whose ``trigger`` is another module (SciPy's: ``scipy.linalg``, ``scipy.fft``) are wrapped by
 a post-import hook on that module, after NumPy's. It works whether NumPy is already imported or not.
@@ -9,32 +9,31 @@ unwrapped, with a warning and a ledger event.
 The per-call fast path (policy local, or inputs below the planner's byte floor for the op) is one
 attribute read, one sum over the positional and keyword arrays and one comparison before NumPy's own
 function is called; nothing is recorded for it but a count. With the C extension (``native.py``)
-that check runs in C inside a ``wrapt.ObjectProxy``; without it, in a ``wrapt.FunctionWrapper``.
+that check runs in C inside a wrapt ``ObjectProxy``; without it, in a wrapt ``FunctionWrapper``
+(both wrapt's C types, loaded without the wrapt package: :mod:`.wrappers`, D112).
 The same extension intercepts ``a @ b``, ``a @= b`` and ``a.dot(b)`` on ndarrays. Above the
 floor, both paths call :meth:`fusion_shim.client.runtime.Runtime.dispatch`.
 
 One :class:`_Installation` per :func:`install`: its Config, its runtime once NumPy is imported,
-what it patched, and the C fast paths whose floors it publishes for the runtime.
+what it patched, and the C fast paths whose floors it publishes for the runtime. What the hook on
+NumPy costs is the report's start-up line (``interception``); the runtime loads the rest on first need.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib
+import importlib.util
 import os
 import sys
 import threading
+import time
 import warnings
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-import wrapt
-
+from .. import _hooks
 from ..config import Config
-# loaded with the interceptor, not at exit: an import there runs exec() (dataclasses), which makes
-# CPython forget an unhandled Ctrl-C and exit with status 1 instead of by SIGINT
-from ..report import at_exit as _report_at_exit_of
-from . import native
+from . import native, wrappers
 
 if TYPE_CHECKING:  # numpy and zmq load when numpy does, not when the bootstrap installs the hook
     from ..catalog import OpSpec
@@ -55,6 +54,7 @@ class _Installation:
         self.runtime: "Runtime | None" = None
         self.patches: list[tuple[ModuleType, str, Any]] = []
         self.patched_triggers: set[str] = set()
+        self.later: list[tuple[str, Callable]] = []  # (module, hook): rows wrapped when it is imported
         self.fast_calls: dict[str, list] = {}  # op name -> its C fast paths, which hold its floor
 
     def publish_floors(self, floor_bytes: int, floors: dict[str, int], operators: "tuple | None") -> None:
@@ -73,7 +73,6 @@ class _Installation:
 
 _lock = threading.RLock()
 _installed: _Installation | None = None
-_hook_registered = False  # wrapt's post-import hooks cannot be removed: registered once per process
 _exit_hooks: list[Callable[["Runtime"], None]] = []
 
 
@@ -87,7 +86,7 @@ def install(config: Config | None = None, *, export_env: bool = False,
             **overrides: Any) -> "Runtime | _Installation":
     """Intercept NumPy in this process. With no arguments a second call returns the running shim;
     with a Config or settings it replaces it. ``export_env``: children reuse this process's worker."""
-    global _installed, _hook_registered
+    global _installed
     with _lock:
         if _installed is not None:
             if config is None and not overrides:
@@ -98,16 +97,8 @@ def install(config: Config | None = None, *, export_env: bool = False,
         elif overrides:
             config = config.replace(**overrides)
         inst = _installed = _Installation(config, export_env)
-        if not _hook_registered:
-            _hook_registered = True
-            # each runs now if its module is already imported, else right after it is
-            wrapt.register_post_import_hook(_on_numpy, "numpy")
-            for name in TRIGGERS[1:]:
-                wrapt.register_post_import_hook(_on_library, name)
-        else:
-            for name in TRIGGERS:
-                if name in sys.modules:
-                    (_on_numpy if name == "numpy" else _on_library)(sys.modules[name])
+        for name in TRIGGERS:  # each runs now if its module is already imported, else right after it is
+            _hooks.when_imported(name, _on_numpy if name == "numpy" else _on_library)
         return inst.runtime or inst
 
 
@@ -117,11 +108,24 @@ def uninstall() -> None:
     with _lock:
         native.uninstall_operators()  # also publishes floor -1: kept proxies pass straight through
         inst, _installed = _installed, None
+        for name in TRIGGERS:  # the undo of install's hooks, where their modules were never imported
+            _hooks.forget(name, _on_numpy if name == "numpy" else _on_library)
+        for name, hook in inst.later if inst is not None else ():
+            _hooks.forget(name, hook)
         if inst is not None:
             for module, attr, original in reversed(inst.patches):
                 setattr(module, attr, original)
     if inst is not None and inst.runtime is not None:
         inst.runtime.shutdown()
+
+
+def note_startup(phase: str, seconds: float) -> None:
+    """Time the shim spent starting: the running shim's, else kept for the runtime NumPy's import makes."""
+    rt = active()
+    if rt is not None:
+        rt.note_startup(phase, seconds)
+    else:
+        _hooks.SPENT[phase] = _hooks.SPENT.get(phase, 0.0) + seconds
 
 
 @contextlib.contextmanager
@@ -149,7 +153,12 @@ def on_exit(hook: Callable[["Runtime"], None]) -> None:
 
 
 def _report_at_exit(rt: "Runtime") -> None:
-    _report_at_exit_of(rt)
+    # imported here, at exit: nothing it loads may run exec() or eval() on source text (a
+    # dataclass, a namedtuple), which makes CPython forget an unhandled Ctrl-C and exit with
+    # status 1 instead of by SIGINT; config and ledger, which have them, are loaded by then
+    from ..report import at_exit
+
+    at_exit(rt)
 
 
 _exit_hooks.append(_report_at_exit)
@@ -178,6 +187,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _on_numpy(_numpy: ModuleType) -> None:
+    t = time.perf_counter()
     from ..client.runtime import Runtime
 
     with _lock:
@@ -186,6 +196,8 @@ def _on_numpy(_numpy: ModuleType) -> None:
             return
         if inst.runtime is None:
             inst.runtime = Runtime(inst.config, publish_floors=inst.publish_floors, export_env=inst.export_env)
+            for phase in list(_hooks.SPENT):  # the bootstrap's and the launcher's: the first runtime's only
+                inst.runtime.note_startup(phase, _hooks.SPENT.pop(phase))
         rt = inst.runtime
         _patch_rows(inst, "numpy")
         for name in TRIGGERS[1:]:  # imported before NumPy's hook ran (its own hook returned early)
@@ -194,6 +206,7 @@ def _on_numpy(_numpy: ModuleType) -> None:
         native.publish_floor(-1 if rt.local_only else rt.floor_bytes)
         ok, why = native.install_operators(rt)
         rt.note_operators(ok, why, "C" if _use_c(rt) else "wrapt")
+        rt.note_startup("interception", time.perf_counter() - t)
     rt.start()
 
 
@@ -212,18 +225,40 @@ def _on_library(module: ModuleType) -> None:
 
 
 def _patch_rows(inst: _Installation, trigger: str) -> None:
-    """Wrap every row whose trigger is ``trigger``, once per install."""
-    from ..catalog import CATALOG, check_signature
+    """Wrap every row whose trigger is ``trigger``, once per install. Rows of a submodule the
+    library loads on first use (NumPy 2's ``numpy.fft``) are wrapped when it is imported."""
+    from ..catalog import CATALOG
 
     if trigger in inst.patched_triggers:
         return
     inst.patched_triggers.add(trigger)
+    by_module: dict[str, list] = {}
+    for spec in CATALOG:
+        if spec.trigger == trigger:
+            by_module.setdefault(spec.module, []).append(spec)
+    for name, rows in by_module.items():
+        # one that cannot be found is wrapped now: its rows' ImportError is said at install
+        if name == trigger or name in sys.modules or importlib.util.find_spec(name) is None:
+            _wrap_rows(inst, rows)
+            continue
+        hook = (lambda module, rows=rows: _wrap_rows_if_installed(inst, rows))
+        inst.later.append((name, hook))
+        _hooks.when_imported(name, hook)
+
+
+def _wrap_rows_if_installed(inst: _Installation, rows: list) -> None:
+    with _lock:  # the import may come on any thread, after an uninstall or another install
+        if _installed is inst:
+            _wrap_rows(inst, rows)
+
+
+def _wrap_rows(inst: _Installation, rows: list) -> None:
+    from ..catalog import check_signature
+
     rt = inst.runtime
     use_c = _use_c(rt)
     fast_cells: list[tuple[str, Any]] = []
-    for spec in CATALOG:
-        if spec.trigger != trigger:
-            continue
+    for spec in rows:
         try:
             module = importlib.import_module(spec.module)
             original = getattr(module, spec.attr)
@@ -239,7 +274,7 @@ def _patch_rows(inst: _Installation, trigger: str) -> None:
             inst.fast_calls.setdefault(spec.name, []).append(fast)
             fast_cells.append((spec.name, fast))
         else:
-            proxy = wrapt.FunctionWrapper(original, _make_wrapper(spec, rt, slow))
+            proxy = wrappers.load()[1](original, _make_wrapper(spec, rt, slow))  # FunctionWrapper
         setattr(module, spec.attr, proxy)
         inst.patches.append((module, spec.attr, original))
     if fast_cells:
@@ -258,7 +293,7 @@ def _make_slow(spec: "OpSpec", sig: Any, rt: "Runtime", original: Callable) -> C
 
 
 def _make_wrapper(spec: "OpSpec", rt: "Runtime", slow: Callable) -> Callable:
-    """The fast path in Python, for a wrapt.FunctionWrapper (no C extension, or FUSION_SHIM_NATIVE=0)."""
+    """The fast path in Python, for a wrapt FunctionWrapper (no C extension, or FUSION_SHIM_NATIVE=0)."""
     from numpy import ndarray
 
     below_floor = rt.ledger.fast_path[spec.name]  # a list cell: counting costs one add

@@ -8,8 +8,9 @@ Two uses, both optional and both off with ``FUSION_SHIM_NATIVE=0``:
   which goes through ``Runtime.dispatch`` like a catalog call (rows ``catalog.OPERATORS``) and
   computes locally through NumPy's original C entry (``_native.original``), so NumPy's semantics
   and errors are unchanged. Not installed under policy ``local``.
-- **the fast path of wrapped module functions**: :func:`fast_proxy` is a ``wrapt.ObjectProxy``
-  (attributes, ``isinstance(np.matmul, np.ufunc)``, ``__wrapped__`` all forward) whose ``__call__``
+- **the fast path of wrapped module functions**: :func:`fast_proxy` is a subclass of wrapt's C
+  ``ObjectProxy`` (``wrapt.BaseObjectProxy``: attributes, ``isinstance(np.matmul, np.ufunc)``,
+  ``__wrapped__`` all forward) whose ``__call__``
   is a C object that does the floor check and calls NumPy's function, or the shim's Python path.
 
 The floor is one number in C, published by :func:`publish_floor`: ``-1`` passes everything through
@@ -30,7 +31,7 @@ import types
 import warnings
 from typing import TYPE_CHECKING, Any, Callable
 
-import wrapt
+from . import wrappers
 
 if TYPE_CHECKING:
     from ..client.runtime import Runtime
@@ -171,7 +172,7 @@ def fast_proxy(original: Any, slow: Callable) -> tuple[Any, Any]:
     namespace: dict[str, Any] = {"__call__": fast, "__module__": __name__, "__reduce_ex__": _reduce_ex}
     if hasattr(type(original), "__get__"):
         namespace["__get__"] = _bind  # e.g. np.dot as a class attribute binds, as the original does
-    cls = type("FunctionProxy", (wrapt.ObjectProxy,), namespace)
+    cls = type("FunctionProxy", (wrappers.load()[0],), namespace)
     return cls(original), fast
 
 

@@ -12,14 +12,31 @@
   build under ``$XDG_CACHE_HOME/fusion_shim``.
 - :mod:`.planner`: :class:`Planner`, the state between calls (budget, calibration queue, the
   per-op floors the interceptor compares against).
+- :mod:`.cells`: the floor cells' starting values, which the runtime holds before its planner is made.
 
-The planner imports neither zmq nor torch; ``decide`` does no I/O.
+The planner imports neither zmq nor torch; ``decide`` does no I/O. The names below load with their
+module on first use: the runtime makes its planner on first need (D113), and reads only ``cells``
+before that.
 """
 from __future__ import annotations
 
-from .model import FAMILIES, LinkModel, Profile, RateModel, RemoteModel
-from .planner import EXPLORE_FRACTION, FLOOR_BYTES, Planner
-from .policy import NEVER, Call, Decision, WorkerState, decide, floors
+import importlib
+from typing import Any
 
-__all__ = ["Call", "Decision", "EXPLORE_FRACTION", "FAMILIES", "FLOOR_BYTES", "LinkModel", "NEVER", "Planner",
-           "Profile", "RateModel", "RemoteModel", "WorkerState", "decide", "floors"]
+_WHERE = {"FAMILIES": "model", "LinkModel": "model", "Profile": "model", "RateModel": "model",
+          "RemoteModel": "model", "EXPLORE_FRACTION": "planner", "Planner": "planner", "FLOOR_BYTES": "cells",
+          "NEVER": "cells", "Call": "policy", "Decision": "policy", "WorkerState": "policy", "decide": "policy",
+          "floors": "policy"}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = globals()[name] = getattr(importlib.import_module(f"{__name__}.{where}"), name)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

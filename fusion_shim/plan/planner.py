@@ -31,6 +31,7 @@ from collections import defaultdict
 from typing import Any, Callable, Sequence
 
 from . import calibrate
+from .cells import FLOOR_BYTES, floor_cells as new_floor_cells, starting_floor
 from .model import FAMILIES, Profile
 from .policy import FLOOR_DTYPES, NEVER, Call, Decision, WorkerState, could_win, decide, family_of, floors_by_dtype
 
@@ -38,7 +39,6 @@ EXPLORE_FRACTION = 0.02
 OWN_SAMPLES_ENOUGH = 2   # a (family, dtype) with this many measured calls of its own is not probed
 PROBE_DEFER_S = 0.5      # a probe waits this long first: the program's own calls may measure it meanwhile
 FLOORS_AFTER_SAMPLES = 2  # the floors are recomputed after each of an op's first local measurements
-FLOOR_BYTES = 64 * 1024  # the floor where no model makes one (policy local: larger calls are recorded)
 MAX_SEEDED_OPS = 64  # of a worker's self-benchmarked ops, at most this many are read
 HOPELESS_CALLS = 2  # an op's calls that could not win anywhere, even optimistically, before its floor rises past them
 # D97: residency_decides looks at a kept call's inputs only where the look costs about one slow path
@@ -66,7 +66,8 @@ class Planner:
                  explore_fraction: float = EXPLORE_FRACTION, profile: Profile | None = None,
                  ops: dict[str, str] | None = None, inputs_may_be_resident: bool = False,
                  worker_busy: Callable[[], bool] | None = None,
-                 on_floors: Callable[[int, Any], None] | None = None):
+                 on_floors: Callable[[int, Any], None] | None = None,
+                 floor_cells: "dict[str, list[int]] | None" = None):
         self.policy = policy
         self.ops = dict(ops) if ops else None  # name -> family: the ops whose floors are derived
         self.profile = profile or Profile(workers)
@@ -99,10 +100,10 @@ class Planner:
         self._computed: set[str] = set()  # ops whose floor the models have produced (floor_bytes: their minimum)
         self._model_floors: dict[str, dict[str, int]] = {}  # op -> dtype -> the models' floor (the op's: the least)
         self._calibrating = False
-        # one cell per op, read by the interceptor's fast path without a lock: [floor in bytes]
-        start = 0 if policy == "remote" else NEVER if self.held else FLOOR_BYTES
-        self.floor_cells: dict[str, list[int]] = defaultdict(lambda: [start])
-        self.floor_bytes = start
+        # one cell per op, read by the interceptor's fast path without a lock: [floor in bytes]; the
+        # runtime's, which the interceptor has held since before this planner was made
+        self.floor_cells: dict[str, list[int]] = new_floor_cells(policy) if floor_cells is None else floor_cells
+        self.floor_bytes = starting_floor(policy)
         # where residency can keep inputs on a worker: the floors then assume inputs may already be
         # there, so only the result's way back is certain
         self.inputs_may_be_resident = inputs_may_be_resident

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from .cells import NEVER
 from .model import SIGMA_PRIOR, Profile
 
 Z = 1.0                  # margin in sigmas of the difference of the two predictions' logs
@@ -171,7 +172,6 @@ FLOOR_SHAPES = {
 FAMILY_SHAPES = {"products": _PRODUCT, "linalg": FLOOR_SHAPES["numpy.linalg.svd"], "fft": _FFT}
 FLOOR_DTYPES = {"f4": 4, "f8": 8, "c8": 8, "c16": 16}  # integer products: below the float floor, local
 Z_FLOOR = 1.5            # "could possibly": the worker's device this many sigmas faster than predicted
-NEVER = 1 << 62          # the floor of an op that cannot win on any worker the planner knows
 
 
 def family_of(op: str) -> str:

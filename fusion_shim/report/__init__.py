@@ -23,7 +23,11 @@ JSON schema ``fusion_shim.report/1`` (a map):
 - ``sites``: per call site (``file:line``): ``op``, ``calls``, ``wall_s``, ``worker``, ``verify_s``;
 - ``summary``: what the table shows, computed (see :func:`summarize`);
 - ``events``: worker lifecycle and pins, ``{"t_s", "what"}``;
-- ``planner`` (policies auto and remote): ``explored_calls``, ``explore_spent_s`` (what they
+- ``startup``: seconds the shim spent starting, per phase: ``bootstrap`` (the ``.pth`` hook),
+  ``launcher`` (``python -m fusion_shim`` up to the program), ``interception`` (at NumPy's import:
+  the runtime, the catalog, the wrappers), and each part made on first need (``planner``, ``call
+  path``, ``worker links``), wherever that happened (a call, a worker's start, the background);
+- ``planner`` (policies auto and remote, once the run needed its planner): ``explored_calls``, ``explore_spent_s`` (what they
   cost over the prediction for the place not taken), ``explorations_abandoned`` (explorations on a
   worker that ran out of their deadline and were computed here), ``intercepted_s``,
   ``explore_fraction`` (the budget), ``model_resets``, ``floors_bytes`` (per op: input bytes below which it stays on the fast
@@ -37,13 +41,14 @@ JSON schema ``fusion_shim.report/1`` (a map):
 """
 from __future__ import annotations
 
-import json
 import math
 import os
-import statistics
 import sys
 from typing import TYPE_CHECKING, Any, Protocol, Sequence, TextIO
 
+# Imported at exit (intercept): nothing loaded here may run exec() or eval() on source text (a
+# dataclass, a namedtuple, statistics), which would make CPython exit with status 1 after an
+# unhandled Ctrl-C instead of by SIGINT. config and ledger have dataclasses: the runtime loads them.
 from ..config import Config
 from ..ledger import PHASES, Ledger
 
@@ -66,13 +71,17 @@ class WorkerView(Protocol):
 
 
 class RunView(Protocol):
-    """What the report reads of a run (client.runtime.Runtime)."""
+    """What the report reads of a run (client.runtime.Runtime); it reads only what the run made."""
     config: Config
     ledger: Ledger
     operators: dict[str, Any]
-    link: WorkerView | None
-    links: Sequence[WorkerView]
-    planner: "Planner | None"
+    deferred: bool  # the embedded worker waits (no GPU here): before it starts, it may have no link
+
+    def made_links(self) -> Sequence[WorkerView]:
+        """The worker links made so far."""
+
+    def made_planner(self) -> "Planner | None":
+        """The planner, if the run has needed it."""
 
     def worker_drift(self, index: int) -> tuple[float, int]:
         """(log of the worker's measured speed over its self-benchmark, calls behind it)."""
@@ -81,7 +90,14 @@ class RunView(Protocol):
 def build(rt: RunView, ledger: Ledger | None = None) -> dict[str, Any]:
     """The report of ``rt``, from its ledger or from ``ledger`` (a notebook cell's share of it)."""
     snap = (ledger or rt.ledger).snapshot()
-    link = rt.link
+    links = rt.made_links()
+    link = links[0] if links else None
+    worker = None if link is None else {
+        "url": link.url, "embedded": link.embedded, "state": link.state,
+        "ready_after_s": link.ready_after_s, "restarts": link.restarts, "info": link.info,
+    }
+    if link is None and rt.deferred:
+        worker = _deferred_worker()
     report = {
         "schema": SCHEMA,
         "pid": os.getpid(),
@@ -90,23 +106,25 @@ def build(rt: RunView, ledger: Ledger | None = None) -> dict[str, Any]:
         "verify": rt.config.verify,
         "wall_s": rt.ledger.now(),
         "operators": dict(rt.operators),
-        "worker": None if link is None else {
-            "url": link.url, "embedded": link.embedded, "state": link.state,
-            "ready_after_s": link.ready_after_s, "restarts": link.restarts, "info": link.info,
-        },
+        "worker": worker,
         **snap,
     }
-    planner = getattr(rt, "planner", None)
+    planner = rt.made_planner()
     if planner is not None and rt.config.policy != "local":
         report["planner"] = planner_section(rt)
     report["summary"] = summarize(report)
     return report
 
 
+def _deferred_worker() -> dict[str, Any]:
+    """The embedded worker that has not started (D22), before its link is made."""
+    return {"url": None, "embedded": True, "state": "deferred", "ready_after_s": None, "restarts": 0, "info": {}}
+
+
 def planner_section(rt: RunView) -> dict[str, Any]:
     """What the decision engine did: exploration and its cost, model resets, the floors,
     every worker with its measured link."""
-    p = rt.planner
+    p = rt.made_planner()
     return {
         "explored_calls": p.explored, "explore_spent_s": p.explore_spent_s, "intercepted_s": p.intercepted_s,
         "explorations_abandoned": p.explorations_abandoned,
@@ -115,7 +133,7 @@ def planner_section(rt: RunView) -> dict[str, Any]:
         "floors_bytes": {op: cell[0] for op, cell in sorted(p.floor_cells.items())},
         "floors_raised_bytes": dict(sorted(p.raised.items())), "floor_raises": p.raises,
         "calibration": {f"{f}/{d}": src for (f, d), src in p.curves_from.items()},
-        "workers": [_worker_entry(rt, link) for link in rt.links],
+        "workers": [_worker_entry(rt, link) for link in rt.made_links()],
     }
 
 
@@ -176,12 +194,20 @@ def prediction_error(records: list[dict]) -> dict[str, dict[str, float]]:
         local = r["phases"].get("local")
         if r["kind"] == "local" and r.get("predicted_local_s") and local:
             errors.setdefault(f"{r['family']}/local", []).append(abs(math.log(r["predicted_local_s"] / local)))
-    return {k: {"median_abs_log_ratio": statistics.median(v), "calls": len(v)} for k, v in sorted(errors.items())}
+    return {k: {"median_abs_log_ratio": _median(v), "calls": len(v)} for k, v in sorted(errors.items())}
+
+
+def _median(xs: list[float]) -> float:
+    """statistics.median's value (statistics itself builds namedtuples at import: see above)."""
+    s, mid = sorted(xs), len(xs) // 2
+    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
 
 
 def write_json(report: dict[str, Any], path: str) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
+        import json  # here: the report is built at exit, and written only with --report
+
         json.dump(report, f, indent=1, default=str)
     os.replace(tmp, path)
 
@@ -203,6 +229,8 @@ def _signed(s: float) -> str:
 def format_table(report: dict[str, Any]) -> str:
     """The summary printed at exit: who ran where, the per-op table, the totals, the planner, the events."""
     lines = [_title(report)]
+    if report.get("startup"):
+        lines.append(_startup_line(report["startup"]))
     operators = report.get("operators") or {}
     if operators and not operators.get("intercepted") and operators.get("why") != "policy local":
         lines.append(f"  operators @, @=, .dot: not intercepted ({operators.get('why')})")
@@ -224,6 +252,17 @@ def format_table(report: dict[str, Any]) -> str:
     lines += _sites_and_reasons(sm, ops)
     lines.extend(f"  [{ev['t_s']:7.2f}s] {ev['what']}" for ev in report["events"])
     return "\n".join(lines)
+
+
+STARTUP_AT_START = ("bootstrap", "launcher", "interception")  # before or at NumPy's import; the rest on first need
+
+
+def _startup_line(startup: dict[str, float]) -> str:
+    """The shim's own start-up, apart from every call: what ran at start, what on first need."""
+    first = [f"{p} {_ms(startup[p])}" for p in STARTUP_AT_START if startup.get(p)]
+    later = [f"{p} {_ms(s)}" for p, s in startup.items() if p not in STARTUP_AT_START and s]
+    parts = ", ".join(first) + (f"; on first need: {', '.join(later)}" if later else "")
+    return f"  shim start-up: {_ms(sum(startup.values()))} ({parts})"
 
 
 def _title(report: dict[str, Any]) -> str:
@@ -345,6 +384,8 @@ def at_exit(rt: RunView, stream: TextIO | None = None) -> None:
 
 def load(path: str) -> dict[str, Any]:
     with open(path) as f:
+        import json
+
         report = json.load(f)
     if report.get("schema") != SCHEMA:
         raise ValueError(f"{path} is not a {SCHEMA} file (schema {report.get('schema')!r})")

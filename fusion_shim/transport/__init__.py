@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import zmq
 
+from ..config import SCHEMES  # where settings are checked, before this module (and zmq) loads
 from ..protocol import wire
 from ..protocol.messages import Request
 from .principal import peer_uid
@@ -40,7 +41,6 @@ from .principal import peer_uid
 if TYPE_CHECKING:
     from .shm_client import ShmPool
 
-SCHEMES = ("inproc", "ipc", "tcp")
 POLL_SLICE_S = 0.05  # how often a waiting client checks that its worker is still there
 HEARTBEAT_IVL_MS = 250
 HEARTBEAT_TIMEOUT_MS = 1000  # a stopped worker is noticed about this long after its last answer

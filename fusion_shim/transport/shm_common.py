@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from ..procinfo import owner_dead, pidns, proc_start  # noqa: F401  (the lane's modules import them from here)
+
 SHM_DIR = "/dev/shm"
 PREFIX = "fshm-"
 NAME_RE = re.compile(r"^fshm-(\d+)-(\d+)-(\d+)-([iop])(\d+)$")
@@ -32,30 +34,10 @@ def boot_id() -> str:
         return ""
 
 
-def _pidns() -> int:
-    try:
-        return int(re.sub(r"\D", "", os.readlink("/proc/self/ns/pid")) or 0)
-    except OSError:
-        return 0
-
-
-def proc_start(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat); None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    try:
-        return int(stat[stat.rindex(b")") + 2:].split()[19])
-    except (ValueError, IndexError):
-        return None
-
-
 def owner_tag(pid: int | None = None) -> str:
     """``<pid namespace>-<pid>-<start>`` of this process (or ``pid``): the owner part of its names."""
     pid = os.getpid() if pid is None else pid
-    return f"{_pidns()}-{pid}-{proc_start(pid) or 0}"
+    return f"{pidns()}-{pid}-{proc_start(pid) or 0}"
 
 
 def available() -> bool:
@@ -66,15 +48,6 @@ def parse(name: Any) -> tuple[int, int, int, str] | None:
     """(pid namespace, pid, start, role) of a well-formed name; None otherwise."""
     m = NAME_RE.match(name) if isinstance(name, str) else None
     return (int(m[1]), int(m[2]), int(m[3]), m[4]) if m else None
-
-
-def owner_dead(ns: int, pid: int, start: int) -> bool:
-    """True only when certain: same pid namespace as this process, and no process with that pid
-    and start time. A name from another namespace is never judged dead."""
-    if ns != _pidns():
-        return False
-    now = proc_start(pid)
-    return now is None or now != start
 
 
 def sweep_stale(only_owner: str | None = None) -> list[str]:

@@ -751,7 +751,7 @@ def test_gpu_visible_respects_cuda_visible_devices(monkeypatch):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
         assert embedded.gpu_visible() is False
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
-    monkeypatch.setattr(embedded.glob, "glob", lambda pattern: ["/dev/nvidia0"] if pattern.startswith("/dev/") else [])
+    monkeypatch.setattr(embedded, "_listdir", lambda path: ["nvidia0"] if path == "/dev" else [])
     assert embedded.gpu_visible() is True
 
 

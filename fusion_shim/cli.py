@@ -52,6 +52,10 @@ class UsageError(Exception):
     pass
 
 
+class HelpRequested(Exception):
+    """``-h`` or ``--help`` among the launcher's options."""
+
+
 def parse_run(argv: list[str]) -> tuple[dict[str, Any], str | None, str | None, list[str]]:
     """Options up to the program; returns (settings, script, module, program args)."""
     settings: dict[str, Any] = {}
@@ -67,9 +71,11 @@ def parse_run(argv: list[str]) -> tuple[dict[str, Any], str | None, str | None, 
             break
         if not arg.startswith("-") or arg == "-":
             break
+        if arg in ("-h", "--help"):
+            raise HelpRequested
         name, eq, value = arg[2:].partition("=")
-        if arg.startswith("--") and name in RUN_FLAGS and not eq:
-            settings[name.replace("-", "_")] = True
+        if arg.startswith("--") and name in RUN_FLAGS:
+            settings[name.replace("-", "_")] = value if eq else True  # --quiet, or --quiet=1 / =0
             i += 1
             continue
         if not arg.startswith("--") or name not in RUN_OPTIONS:
@@ -105,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings, script, module, args = parse_run(argv)
         config = Config.load(**settings)
+    except HelpRequested:
+        print(USAGE)
+        return 0
     except (UsageError, ConfigError) as exc:
         print(f"fusion_shim: {exc}\n\n{USAGE}", file=sys.stderr)
         return 2
@@ -230,20 +239,43 @@ def _strip_chain(exc: BaseException, seen: set[int] | None = None) -> None:
 
 
 def _user_frames(tb: Any) -> Any:
-    """The traceback without the launcher's frames and the shim's wrapper frames: what plain
-    python would print."""
+    """The traceback without the launcher's frames and the shim's wrapper frames, nor the frames of
+    what the shim called on the program's behalf (ZeroMQ, threading waits): what plain python would
+    print. NumPy's frames stay: the program called NumPy."""
     pkg = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    ours = lambda t: t.tb_frame.f_code.co_filename.startswith(pkg)
+    deps = tuple(_dependency_dirs())
+    after_ours = False
+
+    def ours(t: Any) -> bool:
+        nonlocal after_ours
+        name = t.tb_frame.f_code.co_filename
+        if name.startswith(pkg):
+            after_ours = True
+            return True
+        return after_ours and name.startswith(deps)
+
     while tb is not None and ours(tb):
         tb = tb.tb_next
     head = tb
     while tb is not None:
+        after_ours = False
         nxt = tb.tb_next
         while nxt is not None and ours(nxt):
             nxt = nxt.tb_next
         tb.tb_next = nxt
         tb = nxt
     return head
+
+
+def _dependency_dirs() -> list[str]:
+    """Where the modules the shim waits in live: pyzmq's package, threading and queue."""
+    out = []
+    for name in ("zmq", "threading", "queue"):
+        module = sys.modules.get(name)
+        path = getattr(module, "__file__", None)
+        if path:
+            out.append(os.path.dirname(path) + os.sep if name == "zmq" else path)
+    return out
 
 
 def worker_main(argv: list[str]) -> int:
@@ -298,16 +330,19 @@ def report_main(argv: list[str]) -> int:
     from .report import format_table, load
 
     try:
+        profile = None
+        if opts.what_if:  # a bad profile fails before anything is printed
+            from .report.whatif import LinkProfile, format_whatif, reprice
+
+            profile = LinkProfile.parse(opts.what_if)
         report = load(opts.path)
         print(format_table(report))
         if opts.trace:
             from .report.trace import write_trace
 
             write_trace(report, opts.trace)
-        if opts.what_if:
-            from .report.whatif import LinkProfile, format_whatif, reprice
-
-            print(format_whatif(reprice(report, LinkProfile.parse(opts.what_if))))
+        if profile is not None:
+            print(format_whatif(reprice(report, profile)))
     except (OSError, ValueError, KeyError) as exc:
         print(f"fusion-shim report: {exc}", file=sys.stderr)
         return 1

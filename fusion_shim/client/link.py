@@ -360,16 +360,32 @@ class WorkerLink:
         with self._lock:
             if self.stopped or not self.embedded or self.alive() or os.getpid() != self.owner:
                 return
+            why = self._exit_reason()
+            exited = f"embedded worker exited (code {self.proc.returncode}{': ' + why if why else ''})"
+            if why and why.startswith(("ModuleNotFoundError", "ImportError")):
+                self.restarts = MAX_RESTARTS  # a restart cannot install what it lacks
+                self.ledger.event(f"{exited}; not restarted: this Python lacks the worker's packages "
+                                  "(pip install 'fusion-shim[worker]'), the run stays local")
+                return
             if self.restarts >= MAX_RESTARTS:
-                self.ledger.event(f"embedded worker exited (code {self.proc.returncode}); "
-                                  f"{MAX_RESTARTS} restarts used, the rest of the run stays local")
+                self.ledger.event(f"{exited}; {MAX_RESTARTS} restarts used, the rest of the run stays local")
                 return
             self.restarts += 1
-            self.ledger.event(f"embedded worker exited (code {self.proc.returncode}); restart {self.restarts}")
+            self.ledger.event(f"{exited}; restart {self.restarts}")
             self._drop_channel()
             self._spawn()  # a new URL: every thread's channel() notices and reconnects
             self._probing = False
             self._probe()
+
+    def _exit_reason(self) -> str | None:
+        """The last line the embedded worker wrote to its log (its exception, when it died of one)."""
+        try:
+            with open(os.path.join(self.tmpdir or "", "worker.log"), "rb") as f:
+                f.seek(max(os.fstat(f.fileno()).st_size - 4096, 0))
+                lines = [ln for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        except OSError:
+            return None
+        return lines[-1].strip()[:200] if lines else None
 
     def wait_ready(self, timeout: float, while_starting: bool = False) -> bool:
         """Wait for readiness up to ``timeout``; False at once when there is no hope (stopped, or an

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 from typing import TYPE_CHECKING, Any, Protocol, Sequence, TextIO
 
@@ -250,8 +251,33 @@ def format_table(report: dict[str, Any]) -> str:
     lines += _totals(sm, checks)
     lines += _planner_lines(report.get("planner"))
     lines += _sites_and_reasons(sm, ops)
-    lines.extend(f"  [{ev['t_s']:7.2f}s] {ev['what']}" for ev in report["events"])
+    lines += _event_lines(report["events"])
     return "\n".join(lines)
+
+
+EVENTS_OF_A_KIND = 3  # the table shows this many events of one kind; the JSON keeps them all
+
+
+def _event_lines(events: list[dict]) -> list[str]:
+    """The events in order, but at most EVENTS_OF_A_KIND of a kind (same text but for its numbers):
+    the rest of a kind counted on one line after its last shown."""
+    kinds: dict[str, int] = {}
+    for ev in events:
+        kind = _kind(ev["what"])
+        kinds[kind] = kinds.get(kind, 0) + 1
+    lines, shown = [], {}
+    for ev in events:
+        kind = _kind(ev["what"])
+        shown[kind] = shown.get(kind, 0) + 1
+        if shown[kind] <= EVENTS_OF_A_KIND:
+            lines.append(f"  [{ev['t_s']:7.2f}s] {ev['what']}")
+            if shown[kind] == EVENTS_OF_A_KIND and kinds[kind] > EVENTS_OF_A_KIND:
+                lines.append(f"  {'':10} ... and {kinds[kind] - EVENTS_OF_A_KIND} more like it (all in --report)")
+    return lines
+
+
+def _kind(text: str) -> str:
+    return re.sub(r"\d+(\.\d+)?", "#", text)
 
 
 STARTUP_AT_START = ("bootstrap", "launcher", "interception")  # before or at NumPy's import; the rest on first need

@@ -261,3 +261,14 @@ def test_magic_in_a_real_ipython_kernel():
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+def test_repeated_events_are_counted_not_listed():
+    from fusion_shim.report import EVENTS_OF_A_KIND, _event_lines
+
+    events = [{"t_s": float(i), "what": f"model products/worker (bucket {i}) reset: {i + 4} calls off"} for i in range(72)]
+    events.insert(5, {"t_s": 4.5, "what": "worker ready at ipc:///x on cpu"})
+    lines = _event_lines(events)
+    assert len(lines) == EVENTS_OF_A_KIND + 2, lines  # three of the kind, its count, the other one
+    assert "... and 69 more like it" in lines[EVENTS_OF_A_KIND] and "worker ready" in lines[-1]
+    assert _event_lines(events[:3]) == [f"  [{e['t_s']:7.2f}s] {e['what']}" for e in events[:3]]

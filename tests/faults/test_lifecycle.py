@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -212,3 +213,23 @@ def test_exit_with_a_stopped_worker_does_not_hang(tmp_path):
     assert "stopped" in out
     assert time.monotonic() - t < 6, time.monotonic() - t
     assert gone_within(worker_pid, 5)
+
+
+def test_a_worker_that_cannot_import_torch_is_named_and_not_restarted(tmp_path):
+    """A client installed without the worker's extra: the embedded worker dies importing torch (here a
+    stand-in package that fails as a missing one does); the report names the error, no restart."""
+    fake = tmp_path / "site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
+    app = tmp_path / "app.py"
+    app.write_text("import numpy as np\na = np.ones((300, 300))\nprint(float(np.matmul(a, a).sum()))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
+    env["PYTHONPATH"] = str(tmp_path / "site")
+    r = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", "remote", "--device", "cpu", "--quiet",
+                        "--report", str(tmp_path / "r.json"), str(app)], capture_output=True, text=True,
+                       timeout=600, env=env)
+    assert r.returncode == 0, r.stderr
+    assert float(r.stdout) == 300.0 ** 3
+    events = [e["what"] for e in json.loads((tmp_path / "r.json").read_text())["events"]]
+    exits = [e for e in events if "embedded worker exited" in e]
+    assert len(exits) == 1 and "No module named 'torch'" in exits[0] and "not restarted" in exits[0], events

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -149,6 +151,34 @@ def test_keyboard_interrupt_exits_like_plain_python(tmp_path, app):
     assert "fusion_shim" not in shimmed.stderr
 
 
+def test_ctrl_c_inside_a_remote_call_shows_the_programs_frames_only(tmp_path, sock_dir):
+    """Interrupted while a slow worker holds its call: the traceback ends at the program's line,
+    without the ZeroMQ and threading frames the shim was waiting in."""
+    url = f"ipc://{sock_dir}/w.sock"
+    worker = subprocess.Popen([PY, "-m", "fusion_shim.worker.testing", "--bind", url, "--device", "cpu",
+                               "--delay", "60"], stderr=subprocess.DEVNULL, env=clean_env())
+    prog = write(tmp_path / "slow.py", """\
+        import numpy as np
+        a = np.ones((300, 300))
+        print("go", flush=True)
+        b = np.matmul(a, a)
+    """)
+    try:
+        proc = subprocess.Popen([PY, "-m", "fusion_shim", "--quiet", "--policy", "remote", "--worker", url,
+                                 "--ready-timeout", "600", str(prog)], cwd=tmp_path, env=clean_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "go"
+        time.sleep(3.0)  # the call waits for the worker's 60 s delay (or for it to warm)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        worker.kill()
+        worker.wait()
+    assert proc.returncode == -2, err
+    assert "KeyboardInterrupt" in err and 'slow.py", line 4' in err, err
+    assert "zmq" not in err and "threading.py" not in err and "fusion_shim/" not in err, err
+
+
 def test_traceback_through_an_intercepted_numpy_call(tmp_path):
     """An error NumPy raises inside a wrapped function shows NumPy's frames, not the shim's."""
     prog = write(tmp_path / "np_err.py", """\
@@ -210,6 +240,24 @@ def test_other_invalid_flags_fail_at_start(tmp_path, app, flag):
     r = run(["-m", "fusion_shim", *flag, str(app)], tmp_path)
     assert r.returncode == 2, r.stderr
     assert r.stdout == "" and r.stderr.startswith("fusion_shim: ")
+
+
+def test_help_after_options_and_flags_with_values(tmp_path, app):
+    for argv in (["--policy", "auto", "--help"], ["--quiet", "-h"]):
+        r = run(["-m", "fusion_shim", *argv, str(app)], tmp_path)
+        assert r.returncode == 0 and r.stdout.startswith("usage: python -m fusion_shim"), r.stderr
+    small = write(tmp_path / "small.py", "import numpy as np\nnp.matmul(np.ones((2, 2)), np.ones((2, 2)))\n")
+    shown = run(["-m", "fusion_shim", "--quiet=0", "--strict=0", str(small)], tmp_path)
+    assert shown.returncode == 0 and "fusion_shim report" in shown.stderr, shown.stderr
+    quiet = run(["-m", "fusion_shim", "--quiet=1", "--strict=0", str(small)], tmp_path)
+    assert quiet.returncode == 0 and "fusion_shim report" not in quiet.stderr, quiet.stderr
+
+
+def test_a_bad_what_if_fails_before_the_table(tmp_path):
+    saved = tmp_path / "r.json"
+    saved.write_text("{}")
+    r = run(["-m", "fusion_shim", "report", str(saved), "--what-if", "foo=1"], tmp_path)
+    assert r.returncode == 1 and "unknown what-if key 'foo'" in r.stderr and r.stdout == "", (r.stdout, r.stderr)
 
 
 def test_invalid_policy_variable_fails_at_start(tmp_path, app):

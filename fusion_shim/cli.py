@@ -268,8 +268,9 @@ def _user_frames(tb: Any) -> Any:
 
 
 def _dependency_dirs() -> list[str]:
-    """Where the modules the shim waits in live: pyzmq's package, threading and queue."""
-    out = []
+    """Where the modules the shim waits in live: pyzmq's package (its Cython frames name it
+    relatively), threading and queue."""
+    out = ["zmq" + os.sep]
     for name in ("zmq", "threading", "queue"):
         module = sys.modules.get(name)
         path = getattr(module, "__file__", None)

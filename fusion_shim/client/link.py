@@ -30,6 +30,7 @@ MAX_RESTARTS = 2  # an embedded worker that died is restarted this many times, t
 QUIET_TRIES = 4  # D24: a probe on its own thread waits for an idle moment this many checks (about 0.2 s),
 HANDOFF_RTT_S = 1e-3  # then runs, unless its link is this close: then the next call that wants it makes it
 REPROBE_MAX_S = 5.0  # a faulted worker is probed again after 0.1 s, doubling up to this
+NO_LISTENER_S = 30.0  # D34: an address where nothing accepts connections this long is reported down
 
 
 class WorkerLink:
@@ -84,6 +85,11 @@ class WorkerLink:
             self._curve = _load_curve(self.config, self.url, None)
         return self._curve
 
+    def _give_up_s(self) -> float | None:
+        """D34: a worker started elsewhere whose address refuses connections is not waited for; the
+        embedded one binds only once its process has started."""
+        return None if self.embedded else NO_LISTENER_S
+
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
         self.lane.start(self.url)
@@ -125,7 +131,7 @@ class WorkerLink:
         chan = None
         try:
             # its own channel, closed at the end: a probe thread must not leave a socket behind
-            chan = transport.Channel(self.url, self.curve, self.config.worker_uid)
+            chan = transport.Channel(self.url, self.curve, self.config.worker_uid, self._give_up_s())
             rid = next(self._ids)
             t = time.monotonic()
             offer = self.lane.offer(self.url)  # shared memory, if the worker can map ours
@@ -245,7 +251,8 @@ class WorkerLink:
     def _measure_bandwidth(self) -> None:
         chan = None
         try:
-            chan = transport.Channel(self.url, self.curve, self.config.worker_uid)  # its own socket, closed at the end
+            # its own socket, closed at the end
+            chan = transport.Channel(self.url, self.curve, self.config.worker_uid, self._give_up_s())
             up, down, why, moved = linkprobe.bandwidth(chan, self.next_id, self.rtt_s or 0.0, self._probe_alive,
                                                        min(self.config.timeout, 30.0))
             if why is not None:
@@ -406,7 +413,7 @@ class WorkerLink:
         chan = getattr(self._local, "chan", None)
         if chan is None or chan.pid != os.getpid() or chan.url != self.url:
             # a forked child lands here too: it never touches its parent's socket
-            chan = transport.Channel(self.url, self.curve, self.config.worker_uid)
+            chan = transport.Channel(self.url, self.curve, self.config.worker_uid, self._give_up_s())
             self._local.chan = chan
         return chan
 

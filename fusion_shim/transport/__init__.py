@@ -47,7 +47,8 @@ HEARTBEAT_TIMEOUT_MS = 1000  # a stopped worker is noticed about this long after
 RECONNECT_IVL_MS = 20        # a restarted worker is found this soon (libzmq's default is 100 ms),
 RECONNECT_IVL_MAX_MS = 1000  # backing off to once a second while it stays away
 _WATCHED = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+            | zmq.EVENT_CONNECTED | zmq.EVENT_CONNECT_RETRIED)
 
 
 class TransportError(Exception):
@@ -159,17 +160,28 @@ class Answer(NamedTuple):
     lane_note: str | None   # why a lane that was given carried nothing, if it could not
 
 
+class NoListener(TransportError):
+    """Nothing ever accepted this channel's connection: no worker at that address."""
+
+
 class Channel:
     """A client's connection to one worker, used by one thread at a time.
 
     ``curve``: ``(server_public, client_public, client_secret)`` (z85 bytes) to speak CURVE, or None.
     ``peer_uid``: on ``ipc://``, a uid besides this user's and root's that may answer.
+    ``give_up_s``: a request fails with :class:`NoListener` once no connection was made this long.
     A forked child never uses its parent's channel: callers compare ``pid``."""
 
-    def __init__(self, url: str, curve: tuple[bytes, bytes, bytes] | None = None, peer_uid: int | None = None):
+    def __init__(self, url: str, curve: tuple[bytes, bytes, bytes] | None = None, peer_uid: int | None = None,
+                 give_up_s: float | None = None):
         check_url(url)
         self.sock = self.pulse = None
         self.monitors: list[zmq.Socket] = []
+        # a request fails once nothing accepted a connection this long (inproc has no monitor to say)
+        self.give_up_s = None if url.startswith("inproc://") else give_up_s
+        self.opened = time.monotonic()
+        self.retries = 0      # connections refused so far, before any handshake
+        self.connected = False  # a transport connection was made at least once
         try:
             self._open(url, curve, peer_uid)
         except zmq.ZMQError as exc:  # e.g. out of file descriptors: a fault like any other
@@ -235,6 +247,10 @@ class Channel:
                         self.pulse_up = self.pulse_seen = True
                     elif event == zmq.EVENT_DISCONNECTED:
                         self.pulse_up = False
+                elif event == zmq.EVENT_CONNECT_RETRIED:
+                    self.retries += 1
+                elif event == zmq.EVENT_CONNECTED:
+                    self.connected = True
                 elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     self.handshakes += 1
                     self.up, self.refused, self.closed_early = True, None, False
@@ -263,6 +279,12 @@ class Channel:
             return Refused(self.refused)
         if self.handshakes:
             return WorkerLost(f"connection to {self.url} lost (worker killed, stopped or unreachable)")
+        waited = time.monotonic() - self.opened
+        if self.give_up_s is not None and not self.connected and waited >= self.give_up_s:
+            if self.retries:
+                return NoListener(f"nothing listens at {self.url}: connection refused {self.retries} times in "
+                                  f"{waited:.0f}s (no worker there, or a wrong address)")
+            return NoListener(f"no connection to {self.url} within {waited:.0f}s (host unreachable or filtered)")
         if self.closed_early:  # a worker dying mid-handshake looks the same as one refusing our keys
             hint = " (with CURVE: or a wrong server key)" if self.curve else ""
             return WorkerLost(f"{self.url} closed the connection before the handshake completed{hint}")

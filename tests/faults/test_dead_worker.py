@@ -248,3 +248,28 @@ def test_op_that_kills_the_worker_three_times_runs_locally(sock_dir):
     finally:
         fusion_shim.uninstall()
         lab.close()
+
+
+@pytest.mark.parametrize("where", ["tcp", "ipc"])
+def test_an_address_where_nothing_listens_is_reported_within_seconds(tmp_path, sock_dir, where):
+    """D34: under --policy remote a wrong worker address is not waited on for the whole
+    --ready-timeout: the first call runs here once nothing accepted a connection for 30 s,
+    and the report says nothing listens there."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free again once closed: nothing listens on it
+    url = f"tcp://127.0.0.1:{port}" if where == "tcp" else f"ipc://{sock_dir}/nobody.sock"
+    app = tmp_path / "app.py"
+    app.write_text("import numpy as np\na = np.ones((300, 300))\nprint(float(np.matmul(a, a).sum()))\n")
+    r = subprocess.run([PY, "-m", "fusion_shim", "--policy", "remote", "--worker", url, "--ready-timeout", "600",
+                        "--quiet", "--report", str(tmp_path / "r.json"), str(app)], capture_output=True, text=True,
+                       timeout=900, env=clean_env())
+    assert r.returncode == 0 and float(r.stdout) == 300.0 ** 3, r.stderr
+    rep = json.loads((tmp_path / "r.json").read_text())
+    text = "\n".join(e["what"] for e in rep["events"])
+    assert f"nothing listens at {url}" in text and "connection refused" in text, text
+    rec = rep["records"][-1]
+    assert rec["kind"] == "fallback", rec
+    assert rec["phases"].get("wait_ready", 0.0) < 300, rec  # not the 600 s it was allowed

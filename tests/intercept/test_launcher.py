@@ -151,12 +151,27 @@ def test_keyboard_interrupt_exits_like_plain_python(tmp_path, app):
     assert "fusion_shim" not in shimmed.stderr
 
 
-def test_ctrl_c_inside_a_remote_call_shows_the_programs_frames_only(tmp_path, sock_dir):
-    """Interrupted while a slow worker holds its call: the traceback ends at the program's line,
-    without the ZeroMQ and threading frames the shim was waiting in."""
+@pytest.mark.parametrize("waiting", ["in a call", "for a warming worker"])
+def test_ctrl_c_inside_a_remote_call_shows_the_programs_frames_only(tmp_path, sock_dir, waiting):
+    """Interrupted while a worker holds its call (ZeroMQ's poll), or while it waits for a worker that
+    never says ready (a threading wait): the traceback ends at the program's line, without the frames
+    the shim was waiting in."""
+    import zmq
+
+    from fusion_shim.protocol import messages
+    from fusion_shim.transport import Channel
+
     url = f"ipc://{sock_dir}/w.sock"
-    worker = subprocess.Popen([PY, "-m", "fusion_shim.worker.testing", "--bind", url, "--device", "cpu",
-                               "--delay", "60"], stderr=subprocess.DEVNULL, env=clean_env())
+    silent = worker = None
+    if waiting == "in a call":
+        worker = subprocess.Popen([PY, "-m", "fusion_shim.worker.testing", "--bind", url, "--device", "cpu",
+                                   "--delay", "60"], stderr=subprocess.DEVNULL, env=clean_env())
+        chan = Channel(url)  # warm before the program starts: its call then waits in the worker's delay
+        assert chan.request(messages.hello(1), time.monotonic() + 600).header["t"] == "ready"
+        chan.close()
+    else:
+        silent = zmq.Context.instance().socket(zmq.ROUTER)  # takes the hello, never answers it
+        silent.bind(url)
     prog = write(tmp_path / "slow.py", """\
         import numpy as np
         a = np.ones((300, 300))
@@ -168,12 +183,15 @@ def test_ctrl_c_inside_a_remote_call_shows_the_programs_frames_only(tmp_path, so
                                  "--ready-timeout", "600", str(prog)], cwd=tmp_path, env=clean_env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert proc.stdout.readline().strip() == "go"
-        time.sleep(3.0)  # the call waits for the worker's 60 s delay (or for it to warm)
+        time.sleep(3.0)  # well inside the wait
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=TIMEOUT)
     finally:
-        worker.kill()
-        worker.wait()
+        if worker is not None:
+            worker.kill()
+            worker.wait()
+        if silent is not None:
+            silent.close(0)
     assert proc.returncode == -2, err
     assert "KeyboardInterrupt" in err and 'slow.py", line 4' in err, err
     assert "zmq" not in err and "threading.py" not in err and "fusion_shim/" not in err, err

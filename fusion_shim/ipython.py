@@ -38,16 +38,25 @@ class FusionShimMagics(Magics):
 
         rt = active()
         start = len(rt.ledger.records)
-        below = {k: c[0] for k, c in rt.ledger.fast_path.items()}
-        result = self.shell.run_cell(cell)
-        cell_ledger = Ledger()  # this cell's share: its records and its fast-path counts
+        below = _below_floor(rt.ledger)
+        self.shell.run_cell(cell)
+        cell_ledger = Ledger()  # this cell's share: its records and its size-floor counts
         cell_ledger.started = rt.ledger.started
         for rec in rt.ledger.records[start:]:
             cell_ledger.add(rec)
-        for name, cell_count in rt.ledger.fast_path.items():
-            cell_ledger.fast_path[name][0] = cell_count[0] - below.get(name, 0)
+        for name, n in _below_floor(rt.ledger).items():
+            cell_ledger.fast_path[name][0] = n - below.get(name, 0)
         print(format_table(build(rt, cell_ledger)))
         return None  # run_cell has shown any error; the summary is printed either way
+
+
+def _below_floor(ledger: Any) -> dict[str, int]:
+    """Calls kept here by the size floor so far, by op: the Python fast path's and the C one's."""
+    counts = {k: c[0] for k, c in ledger.fast_path.items()}
+    for read, _ in ledger.counters:
+        for name, n in read().items():
+            counts[name] = counts.get(name, 0) + n
+    return counts
 
 
 def load_ipython_extension(ipython: Any) -> None:

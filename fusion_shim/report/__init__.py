@@ -313,11 +313,15 @@ def _op_table(ops: dict[str, Any], checks: bool) -> list[str]:
             "sent", "recv", *phases]
     rows = []
     for name, o in ops.items():
-        rows.append([name.removeprefix("numpy."), str(o["calls"]), str(o["worker"]), str(o["local"]),
+        # calls: every intercepted one, those the size floor kept here included; sent/recv: bytes
+        # moved, through the socket or shared memory
+        rows.append([name.removeprefix("numpy."), str(o["calls"] + o.get("below_floor", 0)), str(o["worker"]),
+                     str(o["local"]),
                      str(o["unsupported"]), str(o["fallback"]), str(o.get("below_floor", 0)),
                      *([f"{o.get('verified', 0)}/{o.get('mismatches', 0)}!" if o.get("mismatches")
                         else str(o.get("verified", 0))] if checks else []),
-                     _mb(o["bytes_sent"]), _mb(o["bytes_received"]), *(_ms(o["phases"].get(p)) for p in phases)])
+                     _mb(o["bytes_sent"] + o.get("shm_sent", 0)), _mb(o["bytes_received"] + o.get("shm_received", 0)),
+                     *(_ms(o["phases"].get(p)) for p in phases)])
     widths = [max(len(r[i]) for r in rows + [head]) for i in range(len(head))]
 
     def fmt(r: list[str]) -> str:

@@ -257,7 +257,11 @@ def test_magic_in_a_real_ipython_kernel():
         assert "sum 27000000.0" in text
         assert "fusion_shim report" in text and "matmul" in text
         line = next(l for l in text.splitlines() if l.strip().startswith("matmul"))
-        assert line.split()[2] == "1", line  # one call, on the worker
+        assert line.split()[1:3] == ["1", "1"], line  # one call, on the worker
+        # a small `a @ a` under auto: kept here by the C fast path's size check, counted in the cell
+        text = run("%%fusion_shim --policy auto\nb = np.ones((4, 4))\nfor _ in range(3):\n    c = b @ b\n")
+        line = next((l for l in text.splitlines() if l.strip().startswith("ndarray.__matmul__")), text)
+        assert line.split()[1] == "3" and line.split()[6] == "3", line  # three calls, all under <floor
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

@@ -9,8 +9,9 @@ Security and faults:
 
 - A tcp address, loopback included, needs ``keys`` (CURVE with a ZAP allow-list,
   :mod:`fusion_shim.auth`) or ``insecure=True``, which warns loudly; ``ipc://`` relies on its
-  directory and on the peer's uid (D60). ``max_bytes`` is the budget of one message; it is ZeroMQ's ``MAXMSGSIZE`` on
-  the socket as well, so a larger frame is dropped with its connection before it is buffered.
+  directory and on the peer's uid (D60). ``max_bytes`` is the budget of one message; it is
+  ZeroMQ's ``MAXMSGSIZE`` on the socket as well, so a larger frame is dropped with its connection
+  before it is buffered; what one principal has waiting is bounded too (D69, :mod:`.inbox`).
 - A call declares its results; they count against the budget before the kernel runs, FFT sizes
   (``n``, ``s``) must fit them, a call whose shapes make more result elements than it declared
   (:mod:`.shapes`: ``kron``, ``outer``, ``einsum``, ...) is refused before it runs (D61), and a

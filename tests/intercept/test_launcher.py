@@ -178,15 +178,20 @@ def test_ctrl_c_inside_a_remote_call_shows_the_programs_frames_only(tmp_path, so
         print("go", flush=True)
         b = np.matmul(a, a)
     """)
+    proc = None
     try:
+        # SIGINT as a terminal gives it: a run started in the background ignores it, and so would this child
         proc = subprocess.Popen([PY, "-m", "fusion_shim", "--quiet", "--policy", "remote", "--worker", url,
                                  "--ready-timeout", "600", str(prog)], cwd=tmp_path, env=clean_env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         assert proc.stdout.readline().strip() == "go"
         time.sleep(3.0)  # well inside the wait
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=TIMEOUT)
     finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
         if worker is not None:
             worker.kill()
             worker.wait()

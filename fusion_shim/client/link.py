@@ -172,13 +172,12 @@ class WorkerLink:
             self._ready(f"worker ready at {self.url} on {self.info.get('device')} "
                         f"(pid {self.info.get('pid')}, round trip {rtt * 1e6:.0f} us)")
             ok = True
-        except transport.Refused as exc:
-            if chan is not None and not chan.curve and self.curve is not None:
-                retry = True  # D68: this user's keys appeared while the plain handshake ran: not a fault
-            else:
-                self._probe_failed(exc)
         except transport.TransportError as exc:
-            self._probe_failed(exc)
+            # D68: this user's keys appeared while a plain handshake was refused (a CURVE worker
+            # answers it with a protocol failure or by closing the connection): not a fault
+            retry = chan is not None and not chan.curve and self.curve is not None
+            if not retry:
+                self._probe_failed(exc)
         finally:
             if chan is not None:
                 chan.close()

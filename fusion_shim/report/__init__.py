@@ -45,6 +45,7 @@ import math
 import os
 import re
 import sys
+from collections import Counter
 from typing import TYPE_CHECKING, Any, Protocol, Sequence, TextIO
 
 # Imported at exit (intercept): nothing loaded here may run exec() or eval() on source text (a
@@ -261,18 +262,15 @@ EVENTS_OF_A_KIND = 3  # the table shows this many events of one kind; the JSON k
 def _event_lines(events: list[dict]) -> list[str]:
     """The events in order, but at most EVENTS_OF_A_KIND of a kind (same text but for its numbers):
     the rest of a kind counted on one line after its last shown."""
-    kinds: dict[str, int] = {}
-    for ev in events:
-        kind = _kind(ev["what"])
-        kinds[kind] = kinds.get(kind, 0) + 1
-    lines, shown = [], {}
-    for ev in events:
-        kind = _kind(ev["what"])
-        shown[kind] = shown.get(kind, 0) + 1
+    kinds = [_kind(ev["what"]) for ev in events]
+    total = Counter(kinds)
+    lines, shown = [], Counter()
+    for ev, kind in zip(events, kinds):
+        shown[kind] += 1
         if shown[kind] <= EVENTS_OF_A_KIND:
             lines.append(f"  [{ev['t_s']:7.2f}s] {ev['what']}")
-            if shown[kind] == EVENTS_OF_A_KIND and kinds[kind] > EVENTS_OF_A_KIND:
-                lines.append(f"  {'':10} ... and {kinds[kind] - EVENTS_OF_A_KIND} more like it (all in --report)")
+            if shown[kind] == EVENTS_OF_A_KIND and total[kind] > EVENTS_OF_A_KIND:
+                lines.append(f"  {'':10} ... and {total[kind] - EVENTS_OF_A_KIND} more like it (all in --report)")
     return lines
 
 

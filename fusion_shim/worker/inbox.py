@@ -37,7 +37,6 @@ class Inbox:
         self.curve = curve
         self.waiting: collections.deque = collections.deque()  # (frames, principal, bytes)
         self.held: dict[str, int] = {}  # principal -> bytes waiting
-        self.shed: dict[str, int] = {}  # principal -> requests answered busy
         self._lock = threading.Lock()   # whoever holds it may use the socket
         self._lock.acquire()
         self._call = 0                  # the running call's number, 0 between calls
@@ -53,12 +52,12 @@ class Inbox:
             frames, principal, n = self.waiting.popleft()
             self.held[principal.name] -= n
             return frames, principal
-        if not self.sock.poll(timeout_ms):
-            return None
-        frames = self.sock.recv_multipart(copy=False)
-        if len(frames) < 2:
-            return self.next(0)  # no routing identity: nothing to answer to
-        return frames, principal_of(frames[1], self.curve)
+        while self.sock.poll(timeout_ms):
+            frames = self.sock.recv_multipart(copy=False)
+            if len(frames) >= 2:  # else no routing identity: nothing to answer to
+                return frames, principal_of(frames[1], self.curve)
+            timeout_ms = 0
+        return None
 
     def running(self, call: Callable[[], Any]) -> Any:
         """``call()``, with the socket left to the draining thread should it run long."""
@@ -102,7 +101,6 @@ class Inbox:
             self.waiting.append((frames, principal, n))
             self.held[principal.name] = held + n
             return
-        self.shed[principal.name] = self.shed.get(principal.name, 0) + 1
         try:
             rid = wire.decode_header(frames[1])["id"]
         except wire.WireError:

@@ -5,6 +5,7 @@ suite runs as root the squatter really is another uid (it drops to uid 65534); t
 simulates it by making the client believe it runs as another uid, and says so in its id."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -54,15 +55,43 @@ def _wait_for(cond, seconds: float = READY_S):
     return cond()
 
 
+@contextlib.contextmanager
+def _squatter(sock_dir: str, log: str = os.devnull):
+    """A listener of uid OTHER_UID at ``sock_dir``/fs.sock (made world-writable, like /tmp); its path."""
+    shared = Path(sock_dir)
+    shared.chmod(0o1777)
+    path = shared / "fs.sock"
+    proc = subprocess.Popen([sys.executable, "-c", SQUATTER, str(path), str(log)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "bound"
+        yield path
+    finally:
+        fusion_shim.uninstall()
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def _own_worker(sock_dir: str, monkeypatch):
+    """An honest worker of this user, and a client made to believe it runs as another uid: its URL
+    and this user's real uid."""
+    url = f"ipc://{sock_dir}/w.sock"
+    worker = subprocess.Popen([sys.executable, "-m", "fusion_shim", "worker", "--bind", url, "--device", "cpu"],
+                              stderr=subprocess.DEVNULL)
+    me = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: me + 1)
+    try:
+        yield url, me
+    finally:
+        fusion_shim.uninstall()
+        worker.kill()
+        worker.wait()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can run the squatter as another user")
 def test_a_squatter_of_another_user_gets_a_hello_and_no_data(tmp_path, sock_dir):
-    shared = Path(sock_dir)
-    shared.chmod(0o1777)  # like /tmp: anyone may create a socket in it
-    path, log = shared / "fs.sock", tmp_path / "seen.log"
-    squatter = subprocess.Popen([sys.executable, "-c", SQUATTER, str(path), str(log)], stdout=subprocess.PIPE,
-                                text=True)
-    try:
-        assert squatter.stdout.readline().strip() == "bound"
+    log = tmp_path / "seen.log"
+    with _squatter(sock_dir, log) as path:
         assert os.stat(path).st_uid == OTHER_UID
         rt = fusion_shim.install(policy="remote", worker=f"ipc://{path}", quiet=True, ready_timeout=2.0)
         reason = _wait_for(lambda: _refusal(rt) or rt.link.ready.is_set())  # refused, or (wrongly) taken
@@ -73,68 +102,37 @@ def test_a_squatter_of_another_user_gets_a_hello_and_no_data(tmp_path, sock_dir)
         assert rec.kind == "fallback", rec
         fusion_shim.uninstall()
         assert set(log.read_text().split()) <= {"hello"}  # it never saw a call, nor a byte of `a`
-    finally:
-        squatter.kill()
-        squatter.wait()
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="as root the squatter above is real (and a root worker is trusted)")
 def test_a_worker_of_another_user_is_refused_simulated_euid(sock_dir, monkeypatch):
     """Simulated: an honest worker of this user, and a client made to believe it runs as another."""
-    url = f"ipc://{sock_dir}/w.sock"
-    worker = subprocess.Popen([sys.executable, "-m", "fusion_shim", "worker", "--bind", url, "--device", "cpu"],
-                              stderr=subprocess.DEVNULL)
-    try:
-        me = os.geteuid()
-        monkeypatch.setattr(os, "geteuid", lambda: me + 1)
+    with _own_worker(sock_dir, monkeypatch) as (url, me):
         rt = fusion_shim.install(policy="remote", worker=url, quiet=True, ready_timeout=2.0)
         reason = _wait_for(lambda: _refusal(rt) or rt.link.ready.is_set())
         assert isinstance(reason, str) and f"runs as uid {me}" in reason, rt.ledger.events
         a = np.random.default_rng(0).standard_normal((64, 64))
         np.testing.assert_allclose(np.matmul(a, a), np.matmul.__wrapped__(a, a))
         assert rt.ledger.records[-1].kind == "fallback"
-    finally:
-        fusion_shim.uninstall()
-        worker.kill()
-        worker.wait()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can run a listener as another user")
 def test_a_configured_worker_uid_is_trusted(sock_dir):
     """FUSION_SHIM_WORKER_UID: a worker another account runs for this user is taken (here the
     listener of another uid; without the setting the test above refuses it)."""
-    shared = Path(sock_dir)
-    shared.chmod(0o1777)
-    path = shared / "fs.sock"
-    other = subprocess.Popen([sys.executable, "-c", SQUATTER, str(path), os.devnull], stdout=subprocess.PIPE, text=True)
-    try:
-        assert other.stdout.readline().strip() == "bound"
+    with _squatter(sock_dir) as path:
         rt = fusion_shim.install(policy="remote", worker=f"ipc://{path}", quiet=True, ready_timeout=2.0,
                                  worker_uid=str(OTHER_UID))
         assert rt.link.wait_ready(READY_S), rt.ledger.events
         assert _refusal(rt) is None
-    finally:
-        fusion_shim.uninstall()
-        other.kill()
-        other.wait()
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="as root the test above runs a real listener of another uid")
 def test_a_configured_worker_uid_is_trusted_simulated_euid(sock_dir, monkeypatch):
-    """Simulated: an honest worker of this user, a client believing it runs as another uid, and told
-    to trust this one."""
-    url = f"ipc://{sock_dir}/w.sock"
-    worker = subprocess.Popen([sys.executable, "-m", "fusion_shim", "worker", "--bind", url, "--device", "cpu"],
-                              stderr=subprocess.DEVNULL)
-    try:
-        me = os.geteuid()
-        monkeypatch.setattr(os, "geteuid", lambda: me + 1)
+    """Simulated: as above, and the client told to trust this user's uid."""
+    with _own_worker(sock_dir, monkeypatch) as (url, me):
         rt = fusion_shim.install(policy="remote", worker=url, quiet=True, ready_timeout=READY_S, worker_uid=str(me))
         assert rt.link.wait_ready(READY_S), rt.ledger.events
         a = np.random.default_rng(0).standard_normal((64, 64))
         np.testing.assert_allclose(np.matmul(a, a), np.matmul.__wrapped__(a, a))
         assert rt.ledger.records[-1].kind == "worker"
-    finally:
-        fusion_shim.uninstall()
-        worker.kill()
-        worker.wait()

@@ -13,6 +13,7 @@ second thread, which only looks at a clock.
 from __future__ import annotations
 
 import collections
+import ctypes
 import threading
 import time
 from typing import Any, Callable
@@ -42,6 +43,7 @@ class Inbox:
         self._call = 0                  # the running call's number, 0 between calls
         self._started = 0.0
         self._stop = False
+        self._shed = False
         self._thread = threading.Thread(target=self._drain_loop, name="fusion-shim-inbox", daemon=True)
         self._thread.start()
 
@@ -88,6 +90,9 @@ class Inbox:
                 while self._call == call and not self._stop:
                     if self.sock.poll(int(POLL_S * 1000)):
                         self._admit(self.sock.recv_multipart(copy=False))
+                    elif self._shed:
+                        self._shed = False
+                        _trim()
             finally:
                 self._lock.release()
 
@@ -107,7 +112,17 @@ class Inbox:
             return  # a malformed request past the bound: dropped, it gets no answer
         reply = messages.error(rid, "busy", "WorkerBusy", f"{held} bytes of this client's requests wait on the "
                                f"worker already (at most {self.budget}): computed by the client")
+        self._shed = True
         try:
             self.send(frames[0].bytes, reply.frames())
         except zmq.ZMQError:
             pass  # the client is gone
+
+
+def _trim() -> None:
+    """Hand the freed pages of shed requests back to the system (D69: the allocator keeps them
+    otherwise, and the worker's resident memory stays as if they still waited)."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass  # not glibc

@@ -1,15 +1,26 @@
-"""A small remote call against a raw ZeroMQ round trip of the same bytes, measured in the same run.
+"""A small remote call against a raw ZeroMQ round trip of the same frames, measured in the same run.
 
     python -m pytest benchmarks/bench_small_call.py --benchmark-only -s
 
-The shim: ``np.matmul`` of two 4x4 float64 arrays under ``policy remote``, to a worker process
-(``fusion-shim worker --device cpu``) on an ``ipc://`` socket, residency off (every call sends its
-inputs). The baseline: a DEALER socket sending the same frames the shim's call sends (its header
-and its two 128-byte buffers) to a ROUTER process on another ``ipc://`` socket that answers with
-the frames of the worker's reply, received and left undecoded: the round trip that the shim's own
-work adds to. The two are timed alternately, ``CALLS`` calls each per round, and the ratio is the
-median of the per-round ratios (the machines are shared: a load spike should hit both or neither).
-Reported, not asserted: the target (at most 1.3x) is the small-call path's to meet.
+The shim: a call under ``policy remote``, residency off (every call sends its inputs), to a
+``fusion-shim worker --device cpu`` process. The baseline: a DEALER socket sending the frames that
+call puts on the wire (recorded from the shim's own request) to a ROUTER process that computes the
+same product with NumPy from them and answers with the worker's reply header and its result: the
+round trip that the shim's work on both sides adds to. Cases:
+
+- ``matmul64``: ``np.matmul`` of two 64x64 float64 arrays (32 KiB each way per operand);
+- ``dot1``: ``np.dot`` of two 1-element float64 vectors (the fixed cost alone);
+- each over ``ipc://`` and over ``tcp://127.0.0.1`` (CURVE on both sides there, as a loopback tcp
+  worker serves by default, D68);
+- ``dot1m_shm``: ``np.dot`` of two 1 MiB vectors over ``ipc://`` with shared memory on, against
+  the raw round trip of the call's header frames plus two copies of its input bytes (the least a
+  shared-memory call can do: into the segments here, out of them on the worker).
+
+The two sides run alternately, ``CALLS`` calls each per round; the ratio is the median of the
+per-round ratios (the machines are shared: a load spike should hit both or neither). Also
+printed: CPU time per call on each side (the client's calling thread, the worker's whole process;
+robust to load where wall time is not), and the medians of the call's phases as its record has
+them. Reported, not asserted: the target (at most 1.3x) is the small-call path's to meet.
 """
 from __future__ import annotations
 
@@ -20,6 +31,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from typing import Any, Callable
 
 import numpy as np
 import pytest
@@ -28,90 +40,209 @@ import zmq
 import fusion_shim
 from fusion_shim.transport import Channel
 
-CALLS = 200
-ROUNDS = 30
+CALLS = 100
+ROUNDS = 15
 
-ECHO = textwrap.dedent("""
-    import sys, zmq
+# the baseline's server: NumPy computes from the request's frames (op and shapes from argv), the
+# reply is the worker's header (the first message, recorded) with the computed result
+SERVER = textwrap.dedent("""
+    import sys, numpy as np, zmq
+    url, op, n, curve = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
     sock = zmq.Context().socket(zmq.ROUTER)
-    sock.bind(sys.argv[1])
-    reply = None
+    if curve != "-":
+        import zmq.auth
+        sock.curve_server = True
+        sock.curve_publickey, sock.curve_secretkey = zmq.auth.load_certificate(curve)
+    sock.bind(url)
+    header = None
     while True:
         frames = sock.recv_multipart(copy=False)
-        if reply is None:  # the first message is the reply to give (the worker's, recorded)
-            reply = [f.bytes for f in frames[1:]]
-        sock.send_multipart([frames[0].bytes, *reply], copy=False)
+        if header is None:
+            header = frames[1].bytes
+            sock.send_multipart([frames[0], b"ok"])
+            continue
+        if op == "matmul":
+            a = np.frombuffer(frames[2].buffer, "<f8").reshape(n, n)
+            b = np.frombuffer(frames[3].buffer, "<f8").reshape(n, n)
+            out = [np.matmul(a, b)]
+        elif len(frames) > 2:
+            out = [np.asarray(np.dot(np.frombuffer(frames[2].buffer, "<f8"), np.frombuffer(frames[3].buffer, "<f8")))]
+        else:
+            out = [np.asarray(0.0)]  # inputs in shared memory: the copies are timed apart
+        sock.send_multipart([frames[0], header, *out], copy=False)
 """)
+
+CASES = {  # name: (transport, op, n, shm)
+    "matmul64-ipc": ("ipc", "matmul", 64, False),
+    "dot1-ipc": ("ipc", "dot", 1, False),
+    "matmul64-tcp": ("tcp", "matmul", 64, False),
+    "dot1-tcp": ("tcp", "dot", 1, False),
+    "dot1m_shm-ipc": ("ipc", "dot", 1 << 17, True),
+}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
-def sockets():
+def workers():
+    """One worker per transport, started once (a loopback tcp worker makes this user's keys)."""
     d = tempfile.mkdtemp(prefix="fs-bench-small-")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
-    worker = subprocess.Popen([sys.executable, "-m", "fusion_shim", "worker", "--bind", f"ipc://{d}/w.sock",
-                               "--device", "cpu"], stderr=subprocess.DEVNULL, env=env)
-    echo = subprocess.Popen([sys.executable, "-c", ECHO, f"ipc://{d}/echo.sock"], env=env)
-    yield f"ipc://{d}/w.sock", f"ipc://{d}/echo.sock"
-    for p in (worker, echo):
+    urls = {"ipc": f"ipc://{d}/w.sock", "tcp": f"tcp://127.0.0.1:{_free_port()}"}
+    procs = [subprocess.Popen([sys.executable, "-m", "fusion_shim", "worker", "--bind", url, "--device", "cpu"],
+                              stderr=subprocess.DEVNULL, env=env) for url in urls.values()]
+    yield {"dir": d, "urls": urls, "pids": {t: p.pid for t, p in zip(urls, procs)}}
+    for p in procs:
         p.kill()
         p.wait()
 
 
-def test_small_remote_call_against_a_raw_round_trip(benchmark, sockets, monkeypatch):
-    worker_url, echo_url = sockets
+def _cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_small_remote_call_against_a_raw_round_trip(benchmark, workers, case, monkeypatch):
+    transport, op, n, shm = CASES[case]
+    url = workers["urls"][transport]
     monkeypatch.setenv("FUSION_SHIM_RESIDENCY", "0")
-    a = np.random.default_rng(0).standard_normal((4, 4))
-    rt = fusion_shim.install(policy="remote", worker=worker_url, quiet=True, ready_timeout=600)
+    monkeypatch.setenv("FUSION_SHIM_SHM", "auto" if shm else "0")
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((n, n)), rng.standard_normal((n, n))) if op == "matmul" else (
+        rng.standard_normal(n), rng.standard_normal(n))
+    rt = fusion_shim.install(policy="remote", worker=url, quiet=True, ready_timeout=600)
+    func: Callable = np.matmul if op == "matmul" else np.dot  # the shim's, looked up after install
+    server = raw = None
     try:
         assert rt.link.wait_ready(600)
-        np.matmul(a, a)
-        assert rt.ledger.records[-1].kind == "worker"
-        sent, replied = _one_call_frames(worker_url, a)
-        raw = zmq.Context.instance().socket(zmq.DEALER)
-        raw.setsockopt(zmq.LINGER, 0)
-        raw.connect(echo_url)
-        raw.send_multipart(replied)  # tells the echo what to answer
-        raw.recv_multipart()
-        shim_t, raw_t = [], []
+        func(a, b)
+        assert rt.ledger.records[-1].kind == "worker", rt.ledger.records[-1].reason
+        request, reply_header = _one_call(rt, url, func, a, b)
+        server, raw = _baseline(workers["dir"], transport, op, n, reply_header)
+        copy_s = _two_copies(a, b) if shm else 0.0
+        raw_t, shim_t, raw_cpu, shim_cpu, worker_cpu = [], [], [], [], []
+        wpid = workers["pids"][transport]
 
         def one_round():
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.thread_time()
             for _ in range(CALLS):
-                raw.send_multipart(sent, copy=False)
+                raw.send_multipart(request, copy=False)
                 raw.recv_multipart(copy=False)
-            raw_t.append((time.perf_counter() - t) / CALLS)
-            t = time.perf_counter()
+            raw_t.append((time.perf_counter() - t) / CALLS + copy_s)
+            raw_cpu.append((time.thread_time() - c) / CALLS)
+            t, c, w = time.perf_counter(), time.thread_time(), _cpu_s(wpid)
             for _ in range(CALLS):
-                np.matmul(a, a)
+                func(a, b)
             shim_t.append((time.perf_counter() - t) / CALLS)
+            shim_cpu.append((time.thread_time() - c) / CALLS)
+            worker_cpu.append((_cpu_s(wpid) - w) / CALLS)
 
         benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1)
-        assert all(r.kind == "worker" for r in rt.ledger.records[-CALLS:])
-        raw.close(0)
+        recs = rt.ledger.records[-CALLS:]
+        assert all(r.kind == "worker" for r in recs)
+        if shm:
+            assert all(r.shm_sent for r in recs), "the inputs did not go through shared memory"
+        phases = _phase_medians(recs)
     finally:
         fusion_shim.uninstall()
+        if raw is not None:
+            raw.close(0)
+        if server is not None:
+            server.kill()
+            server.wait()
     ratio = statistics.median(s / r for s, r in zip(shim_t, raw_t))
-    info = {"raw_round_trip_us": statistics.median(raw_t) * 1e6, "shim_call_us": statistics.median(shim_t) * 1e6,
-            "shim_vs_raw": ratio, "calls_per_round": CALLS, "rounds": ROUNDS}
+    med = statistics.median
+    info = {"raw_round_trip_us": med(raw_t) * 1e6, "shim_call_us": med(shim_t) * 1e6, "shim_vs_raw": ratio,
+            "raw_client_cpu_us": med(raw_cpu) * 1e6, "shim_client_cpu_us": med(shim_cpu) * 1e6,
+            "worker_cpu_us": med(worker_cpu) * 1e6, "two_copies_us": copy_s * 1e6,
+            "phases_us": {k: v * 1e6 for k, v in phases.items()}, "calls_per_round": CALLS, "rounds": ROUNDS}
     benchmark.extra_info.update(info)
-    print(f"\nraw ZeroMQ round trip (ipc, the call's frames): {info['raw_round_trip_us']:.1f} us; small remote "
-          f"call through the shim: {info['shim_call_us']:.1f} us; ratio {ratio:.2f}x (median of per-round ratios; "
-          "target <= 1.3x)")
+    base = "raw round trip + two copies" if shm else "raw round trip"
+    print(f"\n{case}: {base} {info['raw_round_trip_us']:.0f} us, shim call {info['shim_call_us']:.0f} us: "
+          f"{ratio:.2f}x (target <= 1.3x); CPU per call: client {info['shim_client_cpu_us']:.0f} us "
+          f"(raw {info['raw_client_cpu_us']:.0f}), worker process {info['worker_cpu_us']:.0f} us; phases "
+          + ", ".join(f"{k} {v:.0f}" for k, v in info["phases_us"].items()))
 
 
-def _one_call_frames(url: str, a: np.ndarray) -> tuple[list, list]:
-    """The frames one of the shim's calls puts on the socket and gets back, recorded on a channel
-    of its own (the same request, sent once more)."""
-    from fusion_shim.protocol import messages, wire
+def _one_call(rt: Any, url: str, func: Callable, a: np.ndarray, b: np.ndarray) -> tuple[list, bytes]:
+    """The frames of one of the shim's own requests, caught on the socket, and the header of the
+    worker's reply to it (sent once more on a channel of its own)."""
+    from fusion_shim import transport
 
-    header = messages.call_header(1, "matmul", {"cdtype": "<f8"}, ["C"], [("<f8", (4, 4))])
-    req = messages.Request(header, [wire.to_wire(a), wire.to_wire(a)])
-    chan = Channel(url)
+    caught: list = []
+    original = transport.send_frames
+
+    def catch(sock: zmq.Socket, frames: list, prefix: tuple = ()) -> int:
+        caught.append([bytes(memoryview(f)) for f in frames])
+        return original(sock, frames, prefix)
+
+    transport.send_frames = catch
     try:
+        func(a, b)
+    finally:
+        transport.send_frames = original
+    request = caught[-1]
+    chan = Channel(url, curve=rt.link.curve)
+    try:
+        from fusion_shim.protocol import messages
+
         chan.request(messages.hello(0), time.monotonic() + 600)
-        frames = [bytes(memoryview(f)) for f in req.frames()]
-        chan.sock.send_multipart(frames)
-        reply = [f.bytes for f in chan.sock.recv_multipart(copy=False)]
+        chan.sock.send_multipart(request)
+        reply = chan.sock.recv_multipart()
     finally:
         chan.close()
-    return frames, reply
+    return request, reply[0]
+
+
+def _baseline(d: str, transport: str, op: str, n: int, reply_header: bytes) -> tuple[subprocess.Popen, zmq.Socket]:
+    """The NumPy server and a DEALER on it, told which header to answer with."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    secret = "-"
+    if transport == "tcp":
+        from fusion_shim import auth
+
+        keys = auth.user_keys_dir()
+        secret = os.path.join(keys, "server.key_secret")
+        sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = auth.user_curve()
+        url = f"tcp://127.0.0.1:{_free_port()}"
+    else:
+        url = f"ipc://{d}/raw-{op}-{n}.sock"
+    server = subprocess.Popen([sys.executable, "-c", SERVER, url, op, str(n), secret], env=env)
+    sock.connect(url)
+    sock.send_multipart([reply_header])
+    assert sock.poll(600_000), "the baseline's server did not answer"
+    sock.recv_multipart()
+    return server, sock
+
+
+def _two_copies(a: np.ndarray, b: np.ndarray) -> float:
+    """Seconds to copy the inputs' bytes twice (median of 20)."""
+    dst = np.empty(a.nbytes + b.nbytes, np.uint8)
+    src = [a.view(np.uint8), b.view(np.uint8)]
+    times = []
+    for _ in range(20):
+        t = time.perf_counter()
+        for _ in range(2):
+            dst[:a.nbytes] = src[0]
+            dst[a.nbytes:] = src[1]
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def _phase_medians(recs: list) -> dict:
+    """Each phase's median over the records, and what the call's wall time leaves outside them
+    (the client's own work: binding, deciding, recording)."""
+    keys = sorted({k for r in recs for k in r.phases})
+    out = {k: statistics.median(r.phases.get(k, 0.0) for r in recs) for k in keys}
+    out["client_rest"] = statistics.median(max(r.wall_s - sum(r.phases.values()), 0.0) for r in recs)
+    return out

@@ -56,7 +56,7 @@ def check_signature(spec: OpSpec, func: Callable) -> inspect.Signature:
 def prepare(spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict) -> Prepared:
     """Bind a call the way Python would and apply the row's rule; Unsupported says why not."""
     try:
-        ba = sig.bind(*args, **kwargs)
+        ba = _binder(sig)(args, kwargs)
     except TypeError as exc:
         raise Unsupported(f"arguments do not bind: {exc}") from None
     extra: Any = ba.arguments.get("kwargs") or {}
@@ -69,3 +69,48 @@ def prepare(spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict) -> 
         raise
     except Exception as exc:  # a rule that trips over an argument it did not foresee: local, and said
         raise Unsupported(f"rule error: {type(exc).__name__}: {exc}"[:300]) from None
+
+
+class _Bound:
+    """What a rule reads of a binding: ``arguments``, the parameters given, by name."""
+    __slots__ = ("arguments",)
+
+    def __init__(self, arguments: dict):
+        self.arguments = arguments
+
+
+_BINDERS: dict[int, tuple[inspect.Signature, Callable]] = {}  # id -> (the signature, kept alive; its binder)
+
+
+def _binder(sig: inspect.Signature) -> Callable[[tuple, dict], Any]:
+    """``sig.bind`` for the common call (positional arguments, then keywords by name, every required
+    one given) without inspect's general machinery; any other call goes to ``sig.bind`` itself."""
+    entry = _BINDERS.get(id(sig))
+    if entry is not None and entry[0] is sig:
+        return entry[1]
+    params = list(sig.parameters.values())
+    P = inspect.Parameter
+    positional: list[str] = []
+    for p in params:
+        if p.kind not in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD):
+            break
+        positional.append(p.name)
+    by_name = frozenset(p.name for p in params if p.kind in (P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY))
+    required = [p.name for p in params if p.default is P.empty
+                and p.kind in (P.POSITIONAL_ONLY, P.POSITIONAL_OR_KEYWORD, P.KEYWORD_ONLY)]
+    most = len(positional)
+
+    def bind(args: tuple, kwargs: dict) -> Any:
+        if len(args) <= most:
+            arguments = dict(zip(positional, args))
+            for name, value in kwargs.items():
+                if name not in by_name or name in arguments:
+                    break
+                arguments[name] = value
+            else:
+                if all(name in arguments for name in required):
+                    return _Bound(arguments)
+        return sig.bind(*args, **kwargs)
+
+    _BINDERS[id(sig)] = (sig, bind)
+    return bind

@@ -138,7 +138,9 @@ os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def frame_bytes(frame: Any) -> int:
-    return frame.nbytes if hasattr(frame, "nbytes") else len(frame)
+    """A frame's length in bytes: a ``zmq.Frame``, bytes, or a buffer (an ndarray, a memoryview)."""
+    nbytes = getattr(frame.__class__, "nbytes", None)  # on the class: a Frame's own lookup is slow
+    return len(frame) if nbytes is None else frame.nbytes
 
 
 def send_frames(sock: zmq.Socket, frames: Sequence[Any], prefix: Sequence[bytes] = ()) -> int:

@@ -4,6 +4,7 @@ process), the request that places inputs and offers result slots (:meth:`ShmPool
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import os
 import secrets
@@ -171,6 +172,8 @@ class ShmPool:
         (its segments, the frames, None); when ``/dev/shm`` refuses, (None, plain frames, why)."""
         drops = self.drops()  # segments retired earlier, which the worker may unmap now
         extra = {"shm_drop": drops} if drops else {}
+        if not _worth_a_segment(req):  # a small call: its frames as they are, no segment asked for
+            return None, req.frames(**extra), None
         staged = Staged(self)
         try:
             staged.offer(req.results)
@@ -184,6 +187,15 @@ class ShmPool:
     @property
     def idle_bytes(self) -> int:
         return self._idle_bytes
+
+
+def _worth_a_segment(req: Any) -> bool:
+    """Whether any input sent by value or any declared result is as big as a segment's minimum."""
+    refs = set(req.refs)
+    for i, (_, buf) in enumerate(req.items):
+        if i not in refs and (buf.nbytes if isinstance(buf, np.ndarray) else len(buf)) >= MIN_BYTES:
+            return True
+    return any(math.prod(shape) * np.dtype(dtype).itemsize >= MIN_BYTES for dtype, shape in req.results)
 
 
 class Staged:
@@ -203,7 +215,7 @@ class Staged:
         """A slot per result (``(dtype, shape)`` pairs, the call's declared results) big enough to
         be worth a segment; None for the others, which travel inline."""
         for dtype, shape in results:
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            nbytes = math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize
             if nbytes < MIN_BYTES or nbytes == 0:
                 self.out_slots.append(None)
                 continue
@@ -230,7 +242,7 @@ class Staged:
 
         name, offset, _ = check_loc(loc)
         seg = self.outputs.get(name)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(int(d) for d in shape) * dtype.itemsize
         if seg is None or name in self.leased:
             raise WireError(f"result names segment {name}, which this call did not offer")
         if offset + nbytes > seg.size:

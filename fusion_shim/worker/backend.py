@@ -114,7 +114,10 @@ class TorchBackend:
 def _aligned(a: np.ndarray) -> np.ndarray:
     """A received array is a view on its ZeroMQ frame, whose buffer need not be aligned to the element
     size; torch's CPU kernels assume it is (D54): copy those, the only ones, before wrapping them."""
-    return a if a.ctypes.data % a.dtype.itemsize == 0 else a.copy()
+    dt = a.dtype  # NumPy's own flag first (its alignment divides the element size; a complex's is half)
+    if a.flags.aligned and (dt.alignment == dt.itemsize or a.ctypes.data % dt.itemsize == 0):
+        return a
+    return a.copy()
 
 
 def _with_layout(t: torch.Tensor, layout: Any) -> torch.Tensor:

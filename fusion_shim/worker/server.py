@@ -55,7 +55,7 @@ import zmq
 
 from ..protocol import messages, wire
 from ..protocol.fingerprint import RESIDENT_MIN, fingerprint
-from ..transport import check_url, context, is_loopback
+from ..transport import check_url, context, frame_bytes, is_loopback
 from ..transport import shm_common
 from ..transport.shm_worker import ShmMapper
 from ..transport.principal import ANON, Principal
@@ -496,7 +496,7 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
             try:
                 sent = inbox.send(frames[0].bytes, reply)
                 if worker.last_was_call:
-                    worker.count(principal, sum(f.nbytes if hasattr(f, "nbytes") else len(f) for f in frames[1:]),
+                    worker.count(principal, sum(frame_bytes(f) for f in frames[1:]),
                                  sent or 0)
             except zmq.ZMQError as exc:  # the client vanished between request and reply
                 print(f"fusion_shim worker: reply not sent: {exc}", file=sys.stderr)

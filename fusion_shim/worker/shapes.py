@@ -19,6 +19,8 @@ Shape = tuple[int, ...]
 
 
 def _broadcast(*shapes: Sequence[int]) -> Shape | None:
+    if not any(shapes):  # no batch axes: the common case, spared NumPy's call
+        return ()
     try:
         return tuple(np.broadcast_shapes(*(tuple(s) for s in shapes)))
     except ValueError:

@@ -242,15 +242,18 @@ def _check_meta(meta: Any, nbytes: int | None) -> tuple[np.dtype, tuple[int, ...
     return dt, shape, order
 
 
-def decode(frames: Sequence[Any], max_bytes: int = 1 << 40, segments: Any = None) -> tuple[dict, list[np.ndarray]]:
+def decode(frames: Sequence[Any], max_bytes: int = 1 << 40, segments: Any = None,
+           header: dict | None = None) -> tuple[dict, list[np.ndarray]]:
     """Validate a message and return its header and its arrays (zero-copy views on the frames).
     ``segments`` resolves ``shm`` metas (``segments.array(loc, dtype, shape, order)``): the worker's
-    mapper or the client's request; without it a ``shm`` meta is an error."""
+    mapper or the client's request; without it a ``shm`` meta is an error. ``header``: what
+    :func:`decode_header` already made of ``frames[0]``."""
     if not frames:
         raise WireError("empty message")
     if len(frames) > MAX_FRAMES:
         raise WireError(f"{len(frames)} frames, over the limit of {MAX_FRAMES}")
-    header = decode_header(frames[0])
+    if header is None:
+        header = decode_header(frames[0])
     metas = header.get("arrays", [])
     if not isinstance(metas, list):
         raise WireError("'arrays' must be a list")

@@ -232,6 +232,8 @@ class Channel:
                 sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = curve
             sock.connect(url)
         self.pulse_up = False
+        self._replies = zmq.Poller()  # one for the channel: Socket.poll makes one per call
+        self._replies.register(self.sock, zmq.POLLIN)
         # what the last request() put on and took off this socket, counted at the socket
         self.last_send_s = 0.0
         self.last_bytes_sent = 0
@@ -355,7 +357,7 @@ class Channel:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise Timeout(f"no reply within the deadline from {self.url}")
-            if not self.sock.poll(int(min(left, POLL_SLICE_S) * 1000) + 1):
+            if not self._replies.poll(int(min(left, POLL_SLICE_S) * 1000) + 1):
                 if alive is not None and not alive():
                     raise WorkerDied(f"worker at {self.url} exited")
                 self._events()
@@ -370,9 +372,10 @@ class Channel:
             if self.peer_uids is not None:
                 self._check_peer(peer_uid(reply[0]))
             try:
-                if segments is not None and wire.decode_header(reply[0])["id"] != rid:
+                early = wire.decode_header(reply[0]) if segments is not None else None
+                if early is not None and early["id"] != rid:
                     continue  # a late reply to a request abandoned earlier: drop it unread
-                header, arrays = wire.decode(reply, segments=segments)
+                header, arrays = wire.decode(reply, segments=segments, header=early)
             except wire.WireError as exc:
                 raise BadReply(str(exc)) from None
             if header["id"] != rid:

@@ -34,6 +34,8 @@ class Inbox:
 
     def __init__(self, sock: zmq.Socket, curve: bool, budget: int = QUEUED_BYTES):
         self.sock = sock
+        self._arrivals = zmq.Poller()  # one for the socket: Socket.poll makes one per call
+        self._arrivals.register(sock, zmq.POLLIN)
         self.budget = budget
         self.curve = curve
         self.waiting: collections.deque = collections.deque()  # (frames, principal, bytes)
@@ -54,7 +56,7 @@ class Inbox:
             frames, principal, n = self.waiting.popleft()
             self.held[principal.name] -= n
             return frames, principal
-        while self.sock.poll(timeout_ms):
+        while self._arrivals.poll(timeout_ms):
             frames = self.sock.recv_multipart(copy=False)
             if len(frames) >= 2:  # else no routing identity: nothing to answer to
                 return frames, principal_of(frames[1], self.curve)
@@ -88,7 +90,7 @@ class Inbox:
                 continue
             try:
                 while self._call == call and not self._stop:
-                    if self.sock.poll(int(POLL_S * 1000)):
+                    if self._arrivals.poll(int(POLL_S * 1000)):
                         self._admit(self.sock.recv_multipart(copy=False))
                     elif self._shed:
                         self._shed = False

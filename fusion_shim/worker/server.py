@@ -167,12 +167,13 @@ class Worker:
         rid = 0
         self.last_was_call = False
         try:
+            early = None
             if self.shm is not None and frames:
                 early = wire.decode_header(frames[0])
                 rid = early["id"]  # a segment that cannot give an input is answered under its request's id
                 self.shm.drop(early.get("shm_drop"), self.principal)
             segments = self.shm.acting_for(self.principal) if self.shm is not None else None
-            header, arrays = wire.decode(frames, max_bytes=self.max_bytes, segments=segments)
+            header, arrays = wire.decode(frames, max_bytes=self.max_bytes, segments=segments, header=early)
             rid = header["id"]
             kind = header["t"]
             self.last_was_call = kind == "call"

@@ -203,7 +203,7 @@ def square(a: ndarray, name: str = "a") -> int:
 
 
 def batch_of(*shapes: tuple) -> tuple:
-    if not any(shapes):  # no batch axes (a plain matrix product): the common case, spared NumPy's call
+    if not any(len(s) for s in shapes):  # no batch axes (a plain matrix product): the common case, spared NumPy's call
         return ()
     try:
         return tuple(np.broadcast_shapes(*shapes))

@@ -19,7 +19,7 @@ Shape = tuple[int, ...]
 
 
 def _broadcast(*shapes: Sequence[int]) -> Shape | None:
-    if not any(shapes):  # no batch axes: the common case, spared NumPy's call
+    if not any(len(s) for s in shapes):  # no batch axes: the common case, spared NumPy's call
         return ()
     try:
         return tuple(np.broadcast_shapes(*(tuple(s) for s in shapes)))

@@ -92,6 +92,15 @@ def test_unknown_keywords_stay_local():
                 {"dtype": np.float32})
 
 
+@pytest.mark.parametrize("shapes", [((3,), (3,)), ((3,), (2, 3)), ((2, 1, 3), (4, 3))])
+def test_cross_of_plain_and_batched_vectors_is_offloaded(shapes):
+    """A batch computed with np.delete is an array, empty for plain vectors: the rule reads its length."""
+    spec = BY_NAME["numpy.linalg.cross"]
+    a, b = (np.ones(s, np.int32) for s in shapes)
+    prep = prepare(spec, inspect.signature(np.linalg.cross), (a, b), {})
+    assert prep.results[0][1] == np.linalg.cross(a, b).shape
+
+
 def test_linalg_computes_in_double_and_returns_numpys_type():
     """numpy.linalg runs LAPACK in double and casts single-precision results back: the row asks the
     worker for exactly that."""

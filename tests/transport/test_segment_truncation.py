@@ -257,3 +257,37 @@ def test_a_principal_holds_at_most_its_share_of_segments_open():
     assert mapper.array({"name": held, "offset": 0}, dt, (N,), "C", ANON).tolist() == [1.0] * N
     mapper.drop([held, slot], ANON)
     assert mapper.array({"name": extra_in, "offset": 0}, dt, (N,), "C", ANON).sum() == N
+
+
+def test_another_principals_segment_can_be_neither_read_nor_written():
+    """D60: a segment belongs to the principal that first named it. Another naming it, as an input
+    or as a result slot, is told what a name that does not exist tells it; a segment of another
+    uid is refused to an ipc peer before it is opened for reading."""
+    from fusion_shim.transport.principal import Principal
+
+    uid = os.getuid()
+    victim, other = Principal(f"uid:{uid}", uid), Principal("key:mallory", None)
+    stranger = Principal(f"uid:{uid + 1}", uid + 1)  # an ipc peer of another user: simulated uid
+    mapper = shm.ShmMapper()
+    dt = np.dtype("<f8")
+    secret = np.random.default_rng(3).standard_normal(N)
+    held, _ = segment("i", secret)
+    slot, slot_path = segment("o")
+    assert mapper.array({"name": held, "offset": 0}, dt, (N,), "C", victim).tolist() == secret.tolist()
+    taken = mapper.out_slot({"name": slot, "offset": 0, "nbytes": N * 8}, N * 8, victim)
+    absent = f"{shm.PREFIX}{shm.owner_tag()}-i{next(_SEQ)}"
+    with pytest.raises(wire.WireError) as nowhere:
+        mapper.array({"name": absent, "offset": 0}, dt, (N,), "C", other)
+    for who in (other, stranger):
+        with pytest.raises(wire.WireError) as read:
+            mapper.array({"name": held, "offset": 0}, dt, (N,), "C", who)
+        assert str(read.value) == str(nowhere.value).replace(absent, held)
+        with pytest.raises(wire.WireError, match="No such file"):
+            mapper.out_slot({"name": slot, "offset": 0, "nbytes": N * 8}, N * 8, who)
+    fresh, _ = segment("i", secret)
+    with pytest.raises(wire.WireError, match="belongs to uid"):
+        mapper.array({"name": fresh, "offset": 0}, dt, (N,), "C", stranger)
+    assert mapper.stats_for(other) == {"shm_mapped": 0, "shm_dropped": 0, "shm_live": 0}
+    mapper.drop([held, slot], other)  # another's drop forgets nothing of the victim's
+    assert mapper.stats_for(victim)["shm_live"] == 2
+    assert mapper.write(taken, np.ones(N)) and np.fromfile(slot_path).tolist() == [1.0] * N

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..catalog import OpSpec
 from ..config import Config
-from ..ledger import Ledger, Record
+from ..ledger import Ledger, Record, call_site
 from ..plan.cells import NEVER, floor_cells, starting_floor
 from . import GUARD, embedded
 
@@ -246,14 +246,28 @@ class Runtime:
                 self.ledger.event(f"runtime directory refused: {why}")
             os.environ["FUSION_SHIM_WORKER"] = f"ipc://{self._deferred_dir}/worker-0.sock"
 
-    def _observe_evidence(self, rec: Record, seconds: float) -> None:
-        """A call computed here while the worker is deferred: evidence for its start, which then
-        happens off the program's thread (the link is made, the process spawned)."""
-        planned = getattr(rec, "plan", None)
+    def _evidence_call(self, spec: OpSpec, args: tuple, kwargs: dict, original: Callable) -> Any:
+        """D40: a call above an evidence floor while the worker is deferred: computed here, timed and
+        recorded, evidence for the worker's start, which then happens off the program's thread (the
+        planner, the call path and the link are made there, not for this call)."""
+        rec = Record(spec.name, spec.family, site=call_site(4), thread=threading.get_ident(),
+                     reason="embedded worker deferred (no GPU on this host): timed as evidence for its start")
+        t = time.perf_counter()
+        rec.start_s = t - self.ledger.started
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            rec.raised = type(exc).__name__
+            self.ledger.add(rec)
+            raise
+        seconds = time.perf_counter() - t
+        rec.phases["local"] = rec.wall_s = seconds
+        self.ledger.add(rec)
+        nbytes = sum(getattr(a, "nbytes", 0) for a in args)
         evidence = self._evidence
-        if planned is None or evidence is None or not evidence.observe(rec.op, planned.call.bytes_in, seconds):
-            return
-        threading.Thread(target=self._start_deferred, name="fusion-shim-start", daemon=True).start()
+        if evidence is not None and evidence.observe(spec.name, nbytes, seconds):
+            threading.Thread(target=self._start_deferred, name="fusion-shim-start", daemon=True).start()
+        return result
 
     def deferred_why(self) -> str | None:
         """Why the embedded CPU worker has not started, or on what evidence it did (None: never deferred)."""
@@ -386,6 +400,8 @@ class Runtime:
         guard = self.guard
         if self.local_only or getattr(guard, "busy", False):  # the shim's own call: nothing recorded
             return original(*args, **kwargs)
+        if self.deferred:
+            return self._evidence_call(spec, args, kwargs, original)
         guard.busy = True
         try:
             got = self.calls.run(spec, sig, args, kwargs)
@@ -399,10 +415,7 @@ class Runtime:
         except BaseException as exc:
             self.calls.local_done(got, time.perf_counter() - t, exc)
             raise
-        seconds = time.perf_counter() - t
-        self.calls.local_done(got, seconds, None)
-        if self.deferred:
-            self._observe_evidence(got, seconds)
+        self.calls.local_done(got, time.perf_counter() - t, None)
         return result
 
 

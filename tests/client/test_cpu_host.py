@@ -21,6 +21,7 @@ import fusion_shim
 from fusion_shim.catalog import BY_NAME
 from fusion_shim.plan.cells import NEVER
 from fusion_shim.plan.cpuwins import CPU_WINS, MIN_SPEEDUP, CpuEvidence, CpuWin
+from fusion_shim.report import format_table
 from tests.helpers.shims import READY_S
 
 PY = sys.executable
@@ -110,6 +111,7 @@ def test_enough_winnable_work_starts_the_worker_and_the_report_says_on_what_evid
         assert rep["worker"]["cpu_start"].startswith("started at ") and "fft.fft x" in rep["worker"]["cpu_start"]
         assert any("starting the embedded worker" in e["what"] and "would have saved" in e["what"]
                    for e in rep["events"])
+        assert "embedded worker (no GPU on this host) started at " in format_table(rep)
     finally:
         fusion_shim.uninstall()
 

@@ -74,8 +74,10 @@ def timed(argv: list[str], cwd: str) -> tuple[float, float]:
 def worker_start(report_path: str) -> str:
     """What the shimmed run's report says of its embedded worker (D40)."""
     with open(report_path) as f:
-        worker = json.load(f).get("worker") or {}
-    return str(worker.get("cpu_start", worker.get("state")))
+        report = json.load(f)
+    worker = report.get("worker") or {}
+    on_worker = sum(o.get("worker", 0) for o in (report.get("ops") or {}).values())
+    return f"{worker.get('cpu_start', worker.get('state'))}; {on_worker} calls on it"
 
 
 def paired(name: str, cwd: str, pairs: int, scale: float) -> dict:

@@ -2,7 +2,7 @@
 
 A link's states: ``starting`` (a cold worker: under ``remote`` the first call waits for it),
 ``ready``, ``down`` (a fault: probed again in the background, backing off, while calls run locally),
-``deferred`` (D22: an embedded CPU worker not started yet), ``stopped``. Each thread and each
+``deferred`` (D40: an embedded CPU worker not started yet), ``stopped``. Each thread and each
 process has its own channel: a forked child opens its own (``Channel.pid``). An embedded worker that
 died is restarted up to ``MAX_RESTARTS`` times.
 """

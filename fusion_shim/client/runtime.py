@@ -8,10 +8,13 @@ for readiness, up to ``ready_timeout``, and that wait is its own phase (``wait_r
 Under ``remote`` only a cold worker (starting, or restarted) is waited for; a worker that faulted is
 probed again in the background (backing off) while calls run locally, so no call waits on it.
 
-D22: on a host with no GPU (:func:`embedded.gpu_visible`), an embedded worker under ``auto`` would
-run torch on the very CPUs the program already has. It is started only once the program has run
-``CPU_WORKER_AFTER_S``; until then every floor is NEVER (nothing can leave the process) and the
-report says why. ``FUSION_SHIM_DEVICE=cpu`` starts it at once.
+D40: on a host with no GPU (:func:`embedded.gpu_visible`), an embedded worker under ``auto`` would
+run torch on the very CPUs the program already has. It starts only on evidence: the program's own
+calls of the ops a CPU worker wins here, at the sizes it wins them (:mod:`fusion_shim.plan.cpuwins`,
+the only floors below NEVER until then), must have taken long enough here that the worker would
+have saved what its start costs. A program whose calls stay below those floors never starts it and
+pays one size comparison a call; the report says why it did not start, or on what evidence it did.
+``FUSION_SHIM_DEVICE=cpu`` starts it at once.
 
 The runtime never imports the interceptor: the interceptor constructs it with ``publish_floors``,
 the callback that carries the planner's floors to the C fast path and each wrapped function.
@@ -34,20 +37,19 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..catalog import OpSpec
 from ..config import Config
-from ..ledger import Ledger, Record
-from ..plan.cells import floor_cells, starting_floor
+from ..ledger import Ledger, Record, call_site
+from ..plan.cells import NEVER, floor_cells, starting_floor
 from . import GUARD, embedded
 
 if TYPE_CHECKING:  # made on first need (D113): their modules load ZeroMQ, msgpack, xxhash, the planner
     import queue
 
     from ..plan import Planner
+    from ..plan.cpuwins import CpuEvidence
     from .call import CallPath
     from .checks import Checks
     from .link import WorkerLink
     from .residency import HashRate, Reuse
-
-CPU_WORKER_AFTER_S = 10.0  # D22: no GPU here: the embedded (CPU) worker starts once the program has run this long
 
 # (smallest floor, {op: its floor}, the operators' floors or None): where the floors are published
 FloorPublisher = Callable[[int, "dict[str, int]", "tuple[int, int, int] | None"], None]
@@ -74,10 +76,15 @@ class Runtime:
         self._links_made = False
         self._calls: "CallPath | None" = None
         self._started = False
-        # an embedded CPU worker is deferred (D22); under auto every floor stays NEVER until a
-        # worker is ready (Planner.held), so until it has started and warmed
+        # an embedded CPU worker is deferred (D40); under auto every floor stays NEVER until a
+        # worker is ready (Planner.held), but those of the ops whose calls are evidence for its start
         self.deferred = (config.policy == "auto" and self._urls == [None] and config.device == "auto"
                          and not embedded.gpu_visible())
+        self._evidence: "CpuEvidence | None" = None
+        self._evidence_floor = NEVER
+        self._cpu_started_s: float | None = None  # when the evidence started the deferred worker
+        if self.deferred:
+            self._gather_evidence()
         self._deferred_dir: str | None = None  # where the deferred worker will listen (children were told)
         # whether `@`, `@=` and `.dot` are intercepted, and why not (note_operators)
         self.operators: dict[str, Any] = {"intercepted": False, "why": "not installed", "fast_path": "wrapt"}
@@ -213,15 +220,24 @@ class Runtime:
         if self.export_env and self.link.embedded:
             os.environ["FUSION_SHIM_WORKER"] = self.link.url
 
+    def _gather_evidence(self) -> None:
+        """D40: the floors of the ops a CPU worker wins here drop to the sizes it wins them at: their
+        calls take the slow path, are computed here and timed; every other floor stays NEVER."""
+        from ..plan.cpuwins import CpuEvidence
+
+        self._evidence = CpuEvidence()
+        floors = self._evidence.floors()
+        for op, floor in floors.items():
+            self._floor_cells[op][0] = floor
+        self._evidence_floor = min(floors.values(), default=NEVER)
+
     def _defer(self) -> None:
-        """D22: the embedded CPU worker starts after CPU_WORKER_AFTER_S; its link is made then (or
-        when something asks for it), in state ``deferred`` until it starts."""
-        self.ledger.event(f"no GPU on this host: the embedded worker would run on this program's own CPUs, "
-                          f"so it starts only after {CPU_WORKER_AFTER_S:g} s of run (FUSION_SHIM_DEVICE=cpu "
-                          "starts it now; FUSION_SHIM_WORKER connects to another host's)")
-        timer = threading.Timer(CPU_WORKER_AFTER_S, self._start_deferred)
-        timer.daemon = True
-        timer.start()
+        """D40: the embedded CPU worker starts once the program's calls show it would pay; its link
+        is made then (or when something asks for it), in state ``deferred`` until it starts."""
+        self.ledger.event("no GPU on this host: the embedded worker would run on this program's own CPUs, "
+                          "so it starts only once this program's calls show work a CPU worker wins here, "
+                          "enough to pay its start (FUSION_SHIM_DEVICE=cpu starts it now; "
+                          "FUSION_SHIM_WORKER connects to another host's)")
         if self.export_env:  # children connect to the worker this process will start, never their own
             from .rundir import new_run_dir
 
@@ -230,15 +246,48 @@ class Runtime:
                 self.ledger.event(f"runtime directory refused: {why}")
             os.environ["FUSION_SHIM_WORKER"] = f"ipc://{self._deferred_dir}/worker-0.sock"
 
+    def _evidence_call(self, spec: OpSpec, args: tuple, kwargs: dict, original: Callable) -> Any:
+        """D40: a call above an evidence floor while the worker is deferred: computed here, timed and
+        recorded, evidence for the worker's start, which then happens off the program's thread (the
+        planner, the call path and the link are made there, not for this call)."""
+        rec = Record(spec.name, spec.family, site=call_site(4), thread=threading.get_ident(),
+                     reason="embedded worker deferred (no GPU on this host): timed as evidence for its start")
+        t = time.perf_counter()
+        rec.start_s = t - self.ledger.started
+        try:
+            result = original(*args, **kwargs)
+        except BaseException as exc:
+            rec.raised = type(exc).__name__
+            self.ledger.add(rec)
+            raise
+        seconds = time.perf_counter() - t
+        rec.phases["local"] = rec.wall_s = seconds
+        self.ledger.add(rec)
+        nbytes = sum(getattr(a, "nbytes", 0) for a in args)
+        evidence = self._evidence
+        if evidence is not None and evidence.observe(spec.name, nbytes, seconds):
+            threading.Thread(target=self._start_deferred, name="fusion-shim-start", daemon=True).start()
+        return result
+
+    def deferred_why(self) -> str | None:
+        """Why the embedded CPU worker has not started, or on what evidence it did (None: never deferred)."""
+        evidence = self._evidence
+        if evidence is None:
+            return None
+        started = self._cpu_started_s
+        return ("not started: " if started is None else f"started at {started:.2f}s: ") + evidence.describe()
+
     def _start_deferred(self) -> None:
-        """The deferred embedded CPU worker: the program has run long enough to pay for its start."""
+        """The deferred embedded CPU worker: the program's calls have shown it would pay for its start."""
         if self.local_only:
             return
         link = self.link  # made here, off the program's thread, unless something needed it before
         if self.local_only or link is None or link.stopped or link.state != "deferred" or os.getpid() != link.owner:
             return  # shut down meanwhile, or a forked child's copy
         self.deferred = False
-        self.ledger.event(f"the program has run {CPU_WORKER_AFTER_S:g} s: starting the embedded worker on this host's CPUs")
+        self._cpu_started_s = self.ledger.now()
+        self.ledger.event(f"starting the embedded worker on this host's CPUs at {self._cpu_started_s:.2f}s: "
+                          + (self._evidence.describe() if self._evidence is not None else "asked to"))
         link.start()
         if self.config.policy == "auto":
             self._background_thread()
@@ -283,6 +332,8 @@ class Runtime:
     def floor_bytes(self) -> int:
         """The smallest floor of any op (the C fast path compares with it); each op's own is
         ``floor_cell(name)[0]``."""
+        if self.deferred:  # D40: the evidence's floors, until the worker is ready (the planner's then)
+            return self._evidence_floor
         planner = self._planner
         return starting_floor(self.config.policy) if planner is None else planner.floor_bytes
 
@@ -349,6 +400,8 @@ class Runtime:
         guard = self.guard
         if self.local_only or getattr(guard, "busy", False):  # the shim's own call: nothing recorded
             return original(*args, **kwargs)
+        if self.deferred:
+            return self._evidence_call(spec, args, kwargs, original)
         guard.busy = True
         try:
             got = self.calls.run(spec, sig, args, kwargs)

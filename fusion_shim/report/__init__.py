@@ -8,6 +8,8 @@ JSON schema ``fusion_shim.report/1`` (a map):
   worker answers checked); ``wall_s`` (seconds from install to the report);
 - ``worker``: ``url``, ``embedded``, ``state``, ``ready_after_s`` (null if never), ``restarts``,
   ``info`` (the worker's ``ready`` reply: pid, device, torch version, self-benchmark in GFLOP/s);
+  ``cpu_start`` where an embedded worker was deferred on a host without a GPU: why it did not
+  start, or on what evidence it did (D40);
 - ``ops``: per op: ``family``, ``calls`` (recorded calls), ``worker``, ``local`` (decided local),
   ``unsupported`` (arguments the row cannot offload), ``fallback`` (meant for the worker, computed
   here after a fault or while it was not ready), ``below_floor`` (kept local by the size floor,
@@ -79,6 +81,9 @@ class RunView(Protocol):
     operators: dict[str, Any]
     deferred: bool  # the embedded worker waits (no GPU here): before it starts, it may have no link
 
+    def deferred_why(self) -> str | None:
+        """Why a deferred embedded worker has not started, or on what evidence it did (None: never deferred)."""
+
     def made_links(self) -> Sequence[WorkerView]:
         """The worker links made so far."""
 
@@ -100,6 +105,9 @@ def build(rt: RunView, ledger: Ledger | None = None) -> dict[str, Any]:
     }
     if link is None and rt.deferred:
         worker = _deferred_worker()
+    why = rt.deferred_why()
+    if worker is not None and why is not None:
+        worker["cpu_start"] = why
     report = {
         "schema": SCHEMA,
         "pid": os.getpid(),
@@ -119,7 +127,7 @@ def build(rt: RunView, ledger: Ledger | None = None) -> dict[str, Any]:
 
 
 def _deferred_worker() -> dict[str, Any]:
-    """The embedded worker that has not started (D22), before its link is made."""
+    """The embedded worker that has not started (D40), before its link is made."""
     return {"url": None, "embedded": True, "state": "deferred", "ready_after_s": None, "restarts": 0, "info": {}}
 
 
@@ -252,6 +260,8 @@ def format_table(report: dict[str, Any]) -> str:
     lines += _totals(sm, checks)
     lines += _planner_lines(report.get("planner"))
     lines += _sites_and_reasons(sm, ops)
+    if w is not None and w.get("cpu_start"):
+        lines.append(f"  embedded worker (no GPU on this host) {w['cpu_start']}")
     lines += _event_lines(report["events"])
     return "\n".join(lines)
 

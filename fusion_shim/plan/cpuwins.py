@@ -1,0 +1,75 @@
+"""When an embedded worker on a host without a GPU is worth starting: the ops its torch kernels
+compute faster than NumPy on the same CPUs, from what input size and by how much (data, measured by
+``benchmarks/cpu_wins.py``, D101), and :class:`CpuEvidence`, which sums what the program's own calls
+of those ops would have saved on such a worker until that pays the worker's start (D40).
+
+Imports only the standard library: the runtime makes it at NumPy's import, when it defers the embedded worker."""
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+
+class CpuWin(NamedTuple):
+    """An op a CPU torch worker won against NumPy at every measured size from ``from_bytes`` of input
+    on, by at least ``speedup`` (NumPy's time over the worker kernel's)."""
+    op: str
+    from_bytes: int
+    speedup: float
+
+
+# D101: measured in float64/complex128, a same-host round trip included; an op missing here did not
+# win by MIN_SPEEDUP in every run
+CPU_WINS: tuple[CpuWin, ...] = (
+    CpuWin("numpy.fft.fft", 16_777_216, 1.6),
+    CpuWin("numpy.fft.ifft", 16_777_216, 1.2),
+    CpuWin("numpy.fft.ifft2", 16_777_216, 1.2),
+    CpuWin("numpy.fft.fftn", 4_194_304, 1.8),
+)
+MIN_SPEEDUP = 1.2  # D101: below it the margin the planner asks for (D1) would keep the calls here anyway
+START_COST_S = 3.2  # D40: what the embedded worker's start cost a program it then did nothing for
+
+
+class CpuEvidence:
+    """What the program's calls of ``wins`` ops, at their sizes, would have saved on a CPU worker:
+    each call's measured time here times (1 - 1/speedup). :meth:`observe` says when the sum first
+    reaches ``start_cost_s``, once, whichever of the program's threads calls it."""
+
+    def __init__(self, wins: tuple[CpuWin, ...] = CPU_WINS, start_cost_s: float = START_COST_S):
+        self.wins = {w.op: w for w in wins}
+        self.start_cost_s = start_cost_s
+        self.saving_s = 0.0   # what the calls seen would have saved there
+        self.seen_s = 0.0     # their time here
+        self.calls: dict[str, int] = {}
+        self.enough = False
+        self._lock = threading.Lock()
+
+    def floors(self) -> dict[str, int]:
+        """Each op's input size from which its calls are evidence: below it, one size comparison."""
+        return {op: w.from_bytes for op, w in self.wins.items()}
+
+    def observe(self, op: str, bytes_in: int, seconds: float) -> bool:
+        """One call computed here in ``seconds``; True the first time the evidence is enough."""
+        win = self.wins.get(op)
+        if win is None or bytes_in < win.from_bytes or self.enough:
+            return False
+        with self._lock:
+            if self.enough:
+                return False
+            self.calls[op] = self.calls.get(op, 0) + 1
+            self.seen_s += seconds
+            self.saving_s += seconds * (1.0 - 1.0 / win.speedup)
+            self.enough = self.saving_s >= self.start_cost_s
+            return self.enough
+
+    def describe(self) -> str:
+        """The evidence in words, for the report."""
+        if not self.calls:
+            return (f"no call of an op a CPU worker wins here reached its size (they are "
+                    f"{', '.join(sorted(op.removeprefix('numpy.') for op in self.wins))})")
+        ops = ", ".join(f"{op.removeprefix('numpy.')} x{n}" for op, n in sorted(self.calls.items()))
+        return (f"{self.seen_s:.3g} s of calls a CPU worker wins here ({ops}) would have saved about "
+                f"{self.saving_s:.3g} s there, against the {self.start_cost_s:g} s its start costs")
+
+
+__all__ = ["CPU_WINS", "CpuEvidence", "CpuWin", "MIN_SPEEDUP", "START_COST_S"]

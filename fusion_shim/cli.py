@@ -116,14 +116,14 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         settings, script, module, args = parse_run(argv)
-        config = Config.load(project=find_project(program_dir(script)), **settings)
+        config, sources = Config.load_with_sources(project=find_project(program_dir(script)), **settings)
     except HelpRequested:
         print(USAGE)
         return 0
     except (UsageError, ConfigError) as exc:
         print(f"fusion_shim: {exc}\n\n{USAGE}", file=sys.stderr)
         return 2
-    return run_program(config, script, module, args, started)
+    return run_program(config, script, module, args, started, explicit=tuple(sources))
 
 
 def config_main(argv: list[str]) -> int:
@@ -177,15 +177,16 @@ def calibrate_main(argv: list[str]) -> int:
 
 
 def run_program(config: Any, script: str | None, module: str | None, args: list[str],
-                started: float | None = None) -> int:
+                started: float | None = None, explicit: tuple[str, ...] = ()) -> int:
     """Install the shim and run the program as plain python would; ``started``: when the launcher
-    began (its time up to the program's first line is the report's ``launcher`` start-up)."""
+    began (its time up to the program's first line is the report's ``launcher`` start-up);
+    ``explicit``: the settings given, which children inherit even where they equal the default."""
     started = time.perf_counter() if started is None else started
     from .intercept import install, note_startup
 
     # children inherit the shim with these same settings, less the report file (one per process
     # would overwrite it); they reuse this process's worker once it has one (see fusion_shim._start)
-    child_env = {k: v for k, v in config.to_env().items() if k != "FUSION_SHIM_REPORT"}
+    child_env = {k: v for k, v in config.to_env(explicit).items() if k != "FUSION_SHIM_REPORT"}
     os.environ.update(child_env, FUSION_SHIM="1")
     install(config, export_env=True)
     if module is not None:

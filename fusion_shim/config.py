@@ -201,12 +201,14 @@ class Config:
         _check_pairs(values, sources)
         return cls(**values), sources
 
-    def to_env(self) -> dict[str, str]:
-        """The environment that makes a child process load this same Config."""
+    def to_env(self, also: "tuple[str, ...] | Mapping[str, str]" = ()) -> dict[str, str]:
+        """The environment that makes a child process load this same Config, whatever pyproject it
+        finds: the fields away from their default, and those in ``also`` (set at their default over
+        a pyproject's value)."""
         out = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if value is None or value == field.default:
+            if value is None or (value == field.default and field.name not in also):
                 continue
             if isinstance(value, tuple):
                 out[PREFIX + field.name.upper()] = ",".join(value)

@@ -174,3 +174,12 @@ def test_an_invalid_pyproject_fails_at_numpys_import_and_costs_nothing_without_i
                        timeout=TIMEOUT, env=env)
     assert r.returncode == 2 and r.stdout == ""
     assert f"fusion_shim: {path}: [tool.fusion_shim] policy='fast' is invalid" in r.stderr
+
+
+def test_a_flag_at_its_default_over_pyproject_reaches_the_programs_children(tmp_path):
+    write_project(tmp_path, 'policy = "remote"\nquiet = true\n')
+    (tmp_path / "app.py").write_text("import os\nprint(os.environ.get('FUSION_SHIM_POLICY'))\n")
+    r = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", "auto", "app.py"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=TIMEOUT, env=child_env())
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["auto"]  # a child in another directory would not find this pyproject

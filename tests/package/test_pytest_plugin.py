@@ -61,7 +61,8 @@ def test_the_entry_point_is_declared_and_the_plugin_is_off_unless_asked(tmp_path
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert project["project"]["entry-points"]["pytest11"] == {"fusion_shim": "fusion_shim.pytest_plugin"}
+    # named as the module, so that `-p fusion_shim.pytest_plugin` (as here) finds it already registered
+    assert project["project"]["entry-points"]["pytest11"] == {"fusion_shim.pytest_plugin": "fusion_shim.pytest_plugin"}
     r = pytest_run(tmp_path, "-n0", "-q", suite="""\
         import sys
         import numpy as np
@@ -131,8 +132,7 @@ def test_a_saved_benchmark_run_carries_the_shims_summary_in_extra_info(tmp_path)
 
 # -- NumPy's own suites ---------------------------------------------------------------------------
 
-# D114: the 27 stacked-matrix cases ("generalized") make 90% of the suites' calls and 13 min under
-# remote here; FUSION_TEST_NUMPY_SUITES=full runs them too
+# D114: the stacked-matrix cases make 90% of the calls; FUSION_TEST_NUMPY_SUITES=full runs them
 NUMPY_SELECTION = [] if os.environ.get("FUSION_TEST_NUMPY_SUITES") == "full" else ["-k", "not generalized"]
 
 

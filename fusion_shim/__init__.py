@@ -107,7 +107,9 @@ def _install_at_numpy(env):
     from .intercept import install, note_startup
 
     try:
-        config = Config.load(env, project=find_project(program_dir(sys.argv[0] if sys.argv else None)))
+        main = sys.modules.get("__main__")
+        script = None if getattr(main, "__spec__", None) is not None or not sys.argv else sys.argv[0]  # -m: cwd
+        config = Config.load(env, project=find_project(program_dir(script)))
     except ConfigError as exc:
         sys.stderr.write(f"fusion_shim: {exc}\n")
         sys.stderr.flush()

@@ -183,3 +183,16 @@ def test_a_flag_at_its_default_over_pyproject_reaches_the_programs_children(tmp_
                        capture_output=True, text=True, timeout=TIMEOUT, env=child_env())
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["auto"]  # a child in another directory would not find this pyproject
+
+
+@pytest.mark.parametrize("launch", ["launcher", "bootstrap"])
+def test_a_module_run_with_dash_m_gets_the_working_directorys_settings(tmp_path, launch):
+    write_project(tmp_path, 'policy = "local"\nquiet = true\n')
+    write_project(tmp_path / "pkg", 'policy = "remote"\n')
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "app.py").write_text(PROGRAM)
+    cmd = [sys.executable, *(["-m", "fusion_shim"] if launch == "launcher" else []), "-m", "pkg.app"]
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT,
+                       env=child_env(**({"FUSION_SHIM": "1"} if launch == "bootstrap" else {})))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["local"]

@@ -289,7 +289,7 @@ def _toml_text(where: str, field: str, raw: Any) -> str:
 def find_project(start: str) -> Project | None:
     """The nearest ``pyproject.toml`` at or above ``start`` whose text has a ``[tool.fusion_shim]``
     table, as pytest and ruff search; None where there is none. A file without the table costs a
-    read, not a TOML parse."""
+    read, not a TOML parse (D115)."""
     here = os.path.abspath(start)
     while True:
         path = os.path.join(here, "pyproject.toml")
@@ -298,7 +298,7 @@ def find_project(start: str) -> Project | None:
                 data = f.read()
         except OSError:
             data = b""
-        if b"fusion_shim" in data:
+        if _may_hold_table(data):
             table = _parse(path, data).get("tool", {}).get("fusion_shim")
             if isinstance(table, dict):
                 return Project(path, table)
@@ -306,6 +306,13 @@ def find_project(start: str) -> Project | None:
         if parent == here:
             return None
         here = parent
+
+
+def _may_hold_table(data: bytes) -> bool:
+    """Whether TOML text could define ``tool.fusion_shim`` (a header, dotted keys, or a ``[tool]``
+    table): D115, a parse costs tomllib's import, where this costs a scan."""
+    return (b"tool.fusion_shim" in data or b'tool."fusion_shim"' in data
+            or (b"[tool]" in data and b"fusion_shim" in data))
 
 
 def _parse(path: str, data: bytes) -> dict[str, Any]:

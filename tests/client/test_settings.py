@@ -196,3 +196,17 @@ def test_a_module_run_with_dash_m_gets_the_working_directorys_settings(tmp_path,
                        env=child_env(**({"FUSION_SHIM": "1"} if launch == "bootstrap" else {})))
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["local"]
+
+
+@pytest.mark.parametrize("text", ['[tool]\nfusion_shim.policy = "remote"\n', 'tool.fusion_shim.policy = "remote"\n',
+                                  '[tool."fusion_shim"]\npolicy = "remote"\n'])
+def test_every_toml_spelling_of_the_table_is_found(tmp_path, text):
+    (tmp_path / "pyproject.toml").write_text(text)
+    assert load(tmp_path)[0].policy == "remote"
+
+
+def test_a_pyproject_whose_text_cannot_hold_the_table_is_not_parsed(tmp_path):
+    outer = write_project(tmp_path, 'policy = "local"\n')
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "pyproject.toml").write_text("not = = toml, [tool.other] fusion_shim*\n")
+    assert find_project(str(tmp_path / "sub")).path == str(outer)  # D115: no TOML error, no tomllib

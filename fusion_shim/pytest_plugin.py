@@ -19,6 +19,7 @@ holds the tally of its test's call phase (every round), so saved runs carry it.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 import pytest
@@ -160,10 +161,16 @@ class ShimSession:
     def _own_report(self) -> dict[str, Any]:
         import fusion_shim
 
-        report = fusion_shim.report() or {"ops": {}, "worker": None, "pid": os.getpid()}
+        report = None
+        try:
+            report = fusion_shim.report()
+        except Exception as exc:  # as at a program's exit: a report that fails must not fail the session
+            print(f"fusion_shim: report failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        finally:
+            fusion_shim.uninstall()
+            self.installed = False
+        report = report or {"ops": {}, "worker": None, "pid": os.getpid()}
         report["tests"] = self.tests
-        fusion_shim.uninstall()
-        self.installed = False
         return report
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

@@ -79,16 +79,18 @@ def _start():
     t = time.perf_counter()
     from . import _hooks
 
-    config = _checked_config() if any(k.startswith(_PREFIX) for k in os.environ) else None
-    _hooks.when_imported("numpy", lambda numpy: _install_at_numpy(config))
+    env = {k: v for k, v in os.environ.items() if k.startswith(_PREFIX)}
+    if env:
+        _checked_config(env)
+    _hooks.when_imported("numpy", lambda numpy: _install_at_numpy(env))
     _hooks.SPENT["bootstrap"] = time.perf_counter() - t
 
 
-def _checked_config():
+def _checked_config(env):
     from .config import Config, ConfigError
 
     try:
-        return Config.load()
+        return Config.load(env)
     except ConfigError as exc:
         sys.stderr.write(f"fusion_shim: {exc}\n")
         sys.stderr.flush()
@@ -97,14 +99,23 @@ def _checked_config():
         os._exit(2)
 
 
-def _install_at_numpy(config):
+def _install_at_numpy(env):
+    """The settings of the variables set at start (not what the program put in ``os.environ``
+    since) over the program's pyproject, read now: a process that never imports NumPy never reads it."""
     t = time.perf_counter()
-    from .config import Config
+    from .config import Config, ConfigError, find_project, program_dir
     from .intercept import install, note_startup
 
+    try:
+        main = sys.modules.get("__main__")
+        script = None if getattr(main, "__spec__", None) is not None or not sys.argv else sys.argv[0]  # -m: cwd
+        config = Config.load(env, project=find_project(program_dir(script)))
+    except ConfigError as exc:
+        sys.stderr.write(f"fusion_shim: {exc}\n")
+        sys.stderr.flush()
+        raise SystemExit(2) from None  # at the program's `import numpy`, before it used any of it
     note_startup("interception", time.perf_counter() - t)  # its modules; install() adds the rest
-    # no variable was set at start: the defaults, whatever the program put in os.environ since
-    install(config or Config(), export_env=True)
+    install(config, export_env=True)
 
 
 def load_ipython_extension(ipython):

@@ -5,6 +5,7 @@
     fusion-shim worker --bind URL [--device auto|cpu|cuda:N] [--keys DIR | --insecure]
     fusion-shim keys DIR [--client NAME ...]
     fusion-shim report run.json
+    fusion-shim config [options] [app.py | DIR]
 
 The program sees what plain ``python`` would give it: ``sys.argv``, ``__name__ == "__main__"``,
 ``sys.path[0]``, its exit code, its output, and tracebacks without the shim's own frames.
@@ -25,8 +26,9 @@ usage: python -m fusion_shim [options] (app.py | -m module) [args...]
        fusion-shim keys DIR [--client NAME ...]
        fusion-shim report run.json [--what-if bandwidth=B,rtt=S,speedup=X] [--trace PATH]
        fusion-shim calibrate        measure this machine's local speed now and cache it
+       fusion-shim config [options] [app.py | DIR]   the settings in force there, and where each came from
 
-options (each also a FUSION_SHIM_* variable):
+options (each also a FUSION_SHIM_* variable and a key of pyproject.toml's [tool.fusion_shim]):
   --policy auto|local|remote   where calls run (default auto)
   --worker URL                 a running worker (ipc://, tcp://); default: start one in the background
   --workers URL,URL,...        several running workers; each call runs here or on one of them
@@ -56,7 +58,7 @@ class HelpRequested(Exception):
     """``-h`` or ``--help`` among the launcher's options."""
 
 
-def parse_run(argv: list[str]) -> tuple[dict[str, Any], str | None, str | None, list[str]]:
+def parse_run(argv: list[str], need_program: bool = True) -> tuple[dict[str, Any], str | None, str | None, list[str]]:
     """Options up to the program; returns (settings, script, module, program args)."""
     settings: dict[str, Any] = {}
     i = 0
@@ -88,7 +90,9 @@ def parse_run(argv: list[str]) -> tuple[dict[str, Any], str | None, str | None, 
         settings[name.replace("-", "_")] = value
         i += 1
     if i >= len(argv):
-        raise UsageError("no program to run")
+        if need_program:
+            raise UsageError("no program to run")
+        return settings, None, None, []
     return settings, argv[i], None, argv[i + 1:]
 
 
@@ -106,18 +110,54 @@ def main(argv: list[str] | None = None) -> int:
         return calibrate_main(argv[1:])
     if argv[0] == "keys":
         return keys_main(argv[1:])
-    from .config import Config, ConfigError
+    if argv[0] == "config":
+        return config_main(argv[1:])
+    from .config import Config, ConfigError, find_project, program_dir
 
     try:
         settings, script, module, args = parse_run(argv)
-        config = Config.load(**settings)
+        config, sources = Config.load_with_sources(project=find_project(program_dir(script)), **settings)
     except HelpRequested:
         print(USAGE)
         return 0
     except (UsageError, ConfigError) as exc:
         print(f"fusion_shim: {exc}\n\n{USAGE}", file=sys.stderr)
         return 2
-    return run_program(config, script, module, args, started)
+    return run_program(config, script, module, args, started, explicit=tuple(sources))
+
+
+def config_main(argv: list[str]) -> int:
+    """Print the settings a run from here (or of that program, or in that directory) would get, with
+    the flags given, and where each came from."""
+    from .config import Config, ConfigError, find_project, program_dir
+
+    try:
+        settings, target, module, _ = parse_run(argv, need_program=False)
+        start = target if target and os.path.isdir(target) else program_dir(target)
+        project = find_project(start)
+        config, sources = Config.load_with_sources(project=project, **settings)
+    except HelpRequested:
+        print(USAGE)
+        return 0
+    except (UsageError, ConfigError) as exc:
+        print(f"fusion-shim config: {exc}", file=sys.stderr)
+        return 2
+    print(format_settings(config, sources, project.path if project else None))
+    return 0
+
+
+def format_settings(config: Any, sources: dict[str, str], pyproject: str | None) -> str:
+    import dataclasses
+
+    lines = [f"pyproject: {pyproject or f'none with a [tool.fusion_shim] table at or above {os.getcwd()}'}",
+             "precedence: defaults < pyproject < environment < flags"]
+    fields = dataclasses.fields(config)
+    width = max(len(f.name) for f in fields)
+    for f in fields:
+        value = getattr(config, f.name)
+        shown = ",".join(value) if isinstance(value, tuple) else ("" if value is None else str(value))
+        lines.append(f"  {f.name:<{width}}  {shown or '-':<24}  {sources.get(f.name, 'default')}")
+    return "\n".join(lines)
 
 
 def calibrate_main(argv: list[str]) -> int:
@@ -137,15 +177,16 @@ def calibrate_main(argv: list[str]) -> int:
 
 
 def run_program(config: Any, script: str | None, module: str | None, args: list[str],
-                started: float | None = None) -> int:
+                started: float | None = None, explicit: tuple[str, ...] = ()) -> int:
     """Install the shim and run the program as plain python would; ``started``: when the launcher
-    began (its time up to the program's first line is the report's ``launcher`` start-up)."""
+    began (its time up to the program's first line is the report's ``launcher`` start-up);
+    ``explicit``: the settings given, which children inherit even where they equal the default."""
     started = time.perf_counter() if started is None else started
     from .intercept import install, note_startup
 
     # children inherit the shim with these same settings, less the report file (one per process
     # would overwrite it); they reuse this process's worker once it has one (see fusion_shim._start)
-    child_env = {k: v for k, v in config.to_env().items() if k != "FUSION_SHIM_REPORT"}
+    child_env = {k: v for k, v in config.to_env(explicit).items() if k != "FUSION_SHIM_REPORT"}
     os.environ.update(child_env, FUSION_SHIM="1")
     install(config, export_env=True)
     if module is not None:

@@ -1,9 +1,13 @@
 """One frozen Config for the whole shim.
 
-Precedence: defaults < ``FUSION_SHIM_*`` environment variables < explicit arguments
-(command-line flags or keyword arguments to :func:`Config.load`). Every variable carries
-the one ``FUSION_SHIM_`` prefix; an unknown ``FUSION_SHIM_*`` name or an invalid value fails
-at start with a message that lists what is valid.
+Precedence: defaults < a ``[tool.fusion_shim]`` table in ``pyproject.toml`` < ``FUSION_SHIM_*``
+environment variables < explicit arguments (command-line flags or keyword arguments to
+:func:`Config.load`). The table's keys are the variables' names without the prefix, in lower case
+(``ready_timeout``, or ``ready-timeout``); it is read from the nearest ``pyproject.toml`` holding one,
+from the program's directory upward (:func:`find_project`), and only where a caller passes
+``project``: launches read it, ``fusion_shim.install()`` does not. Every variable carries the one
+``FUSION_SHIM_`` prefix; an unknown name or an invalid value, in either place, fails at start with a
+message that names where it was set and lists what is valid.
 
 ``FUSION_SHIM`` itself (no suffix) only switches the ``.pth`` bootstrap on; it is not a field.
 """
@@ -11,10 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 PREFIX = "FUSION_SHIM_"
+TABLE = "tool.fusion_shim"
+PATH_FIELDS = ("report", "trace", "server_key", "client_keys")  # relative to the pyproject that sets them
 SCHEMES = ("inproc", "ipc", "tcp")  # the transports' URL schemes (fusion_shim.transport serves them)
 POLICIES = ("auto", "local", "remote")
 SHM_MODES = ("auto", "0")
@@ -171,48 +178,160 @@ class Config:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def load(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> "Config":
-        """Defaults, then ``FUSION_SHIM_*`` from ``env`` (``os.environ`` if None), then ``overrides``."""
+    def load(cls, env: Mapping[str, str] | None = None, *, project: "Project | None" = None,
+             **overrides: Any) -> "Config":
+        """Defaults, then ``project``'s table, then ``FUSION_SHIM_*`` from ``env`` (``os.environ`` if
+        None), then ``overrides``."""
+        return cls.load_with_sources(env, project=project, **overrides)[0]
+
+    @classmethod
+    def load_with_sources(cls, env: Mapping[str, str] | None = None, *, project: "Project | None" = None,
+                          **overrides: Any) -> "tuple[Config, dict[str, str]]":
+        """:meth:`load`, and where each field not left at its default was set."""
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
-        for key, raw in env.items():
-            if not key.startswith(PREFIX):
-                continue
-            field = key[len(PREFIX):].lower()
-            if field not in _PARSERS:
-                valid = ", ".join(PREFIX + f.upper() for f in _PARSERS)
-                raise ConfigError(f"unknown setting {key}; valid: {valid}")
-            values[field] = _PARSERS[field](key, raw)
-        for field, value in overrides.items():
-            if value is None:
-                continue
-            if field not in _PARSERS:
-                raise ConfigError(f"unknown setting {field!r}; valid: {', '.join(_PARSERS)}")
-            if isinstance(value, str) and field not in ("report", "trace"):
-                value = _PARSERS[field](f"--{field.replace('_', '-')}", value)
-            elif field == "workers":
-                value = _worker_urls("workers", ",".join(value))
-            values[field] = value
-        if values.get("worker") and values.get("workers"):
-            raise ConfigError(f"{PREFIX}WORKER and {PREFIX}WORKERS are both set; valid: one of them "
-                              "(WORKERS takes a comma-separated list)")
-        if bool(values.get("server_key")) != bool(values.get("client_keys")):
-            raise ConfigError(f"{PREFIX}SERVER_KEY and {PREFIX}CLIENT_KEYS go together: a CURVE client needs the "
-                              "worker's public key and its own key pair")
-        return cls(**values)
+        sources: dict[str, str] = {}
+        if project is not None:
+            for field, value in project.values().items():
+                values[field], sources[field] = value, f"{project.path} [{TABLE}]"
+        for field, value in _from_env(env).items():
+            values[field], sources[field] = value, f"environment {PREFIX}{field.upper()}"
+        for field, value in _from_overrides(overrides).items():
+            values[field], sources[field] = value, f"--{field.replace('_', '-')}"
+        _check_pairs(values, sources)
+        return cls(**values), sources
 
-    def to_env(self) -> dict[str, str]:
-        """The environment that makes a child process load this same Config."""
+    def to_env(self, also: "tuple[str, ...] | Mapping[str, str]" = ()) -> dict[str, str]:
+        """The environment that makes a child process load this same Config, whatever pyproject it
+        finds: the fields away from their default, and those in ``also`` (set at their default over
+        a pyproject's value)."""
         out = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if value is None or value == field.default:
+            if value is None or (value == field.default and field.name not in also):
                 continue
             if isinstance(value, tuple):
                 out[PREFIX + field.name.upper()] = ",".join(value)
                 continue
             out[PREFIX + field.name.upper()] = str(int(value)) if isinstance(value, bool) else str(value)
         return out
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for key, raw in env.items():
+        if not key.startswith(PREFIX):
+            continue
+        field = key[len(PREFIX):].lower()
+        if field not in _PARSERS:
+            valid = ", ".join(PREFIX + f.upper() for f in _PARSERS)
+            raise ConfigError(f"unknown setting {key}; valid: {valid}")
+        values[field] = _PARSERS[field](key, raw)
+    return values
+
+
+def _from_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for field, value in overrides.items():
+        if value is None:
+            continue
+        if field not in _PARSERS:
+            raise ConfigError(f"unknown setting {field!r}; valid: {', '.join(_PARSERS)}")
+        if isinstance(value, str) and field not in ("report", "trace"):
+            value = _PARSERS[field](f"--{field.replace('_', '-')}", value)
+        elif field == "workers":
+            value = _worker_urls("workers", ",".join(value))
+        values[field] = value
+    return values
+
+
+def _check_pairs(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
+    if values.get("worker") and values.get("workers"):
+        raise ConfigError(f"worker ({sources['worker']}) and workers ({sources['workers']}) are both set; "
+                          "valid: one of them (workers takes a comma-separated list)")
+    if bool(values.get("server_key")) != bool(values.get("client_keys")):
+        raise ConfigError(f"{PREFIX}SERVER_KEY and {PREFIX}CLIENT_KEYS go together: a CURVE client needs the "
+                          "worker's public key and its own key pair")
+
+
+class Project:
+    """The ``[tool.fusion_shim]`` table of one ``pyproject.toml``, checked by the variables' parsers."""
+
+    def __init__(self, path: str, table: Mapping[str, Any]):
+        self.path = path
+        self.table = dict(table)
+
+    def values(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, raw in self.table.items():
+            field = key.replace("-", "_").lower()
+            where = f"{self.path}: [{TABLE}] {key}"
+            if field not in _PARSERS:
+                raise ConfigError(f"{where}: unknown setting; valid: {', '.join(_PARSERS)}")
+            value = _PARSERS[field](where, _toml_text(where, field, raw))
+            if field in PATH_FIELDS and value and not os.path.isabs(value):
+                value = os.path.join(os.path.dirname(self.path), value)
+            out[field] = value
+        return out
+
+
+def _toml_text(where: str, field: str, raw: Any) -> str:
+    """A TOML value as the text its variable would hold."""
+    if isinstance(raw, bool):
+        return "1" if raw else "0"
+    if isinstance(raw, (int, float, str)):
+        return str(raw)
+    if field == "workers" and isinstance(raw, list) and all(isinstance(u, str) for u in raw):
+        return ",".join(raw)
+    raise ConfigError(f"{where} = {raw!r}: not a string, number or boolean")
+
+
+def find_project(start: str) -> Project | None:
+    """The nearest ``pyproject.toml`` at or above ``start`` whose text has a ``[tool.fusion_shim]``
+    table, as pytest and ruff search; None where there is none. A file without the table costs a
+    read, not a TOML parse (D115)."""
+    here = os.path.abspath(start)
+    while True:
+        path = os.path.join(here, "pyproject.toml")
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            data = b""
+        if _may_hold_table(data):
+            table = _parse(path, data).get("tool", {}).get("fusion_shim")
+            if isinstance(table, dict):
+                return Project(path, table)
+        parent = os.path.dirname(here)
+        if parent == here:
+            return None
+        here = parent
+
+
+def _may_hold_table(data: bytes) -> bool:
+    """Whether TOML text could define ``tool.fusion_shim`` (a header, dotted keys, or a ``[tool]``
+    table): D115, a parse costs tomllib's import, where this costs a scan."""
+    return (b"tool.fusion_shim" in data or b'tool."fusion_shim"' in data
+            or (b"[tool]" in data and b"fusion_shim" in data))
+
+
+def _parse(path: str, data: bytes) -> dict[str, Any]:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # the tomli dependency, on Python 3.10 only
+        import tomli as tomllib
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+
+
+def program_dir(script: str | None = None) -> str:
+    """Where the search for pyproject starts: the script's directory, else the working directory
+    (``-m``, ``-c``, an interactive session)."""
+    if script and os.path.isfile(script):
+        return os.path.dirname(os.path.abspath(script))
+    return os.getcwd()
 
 
 _PARSERS: dict[str, Callable[[str, str], Any]] = {

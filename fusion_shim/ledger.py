@@ -148,18 +148,27 @@ class Ledger:
             else:
                 self.dropped += 1
 
+    def snapshot_ops(self) -> dict[str, dict[str, Any]]:
+        """The per-op aggregates now, the size floor's counts included (a copy)."""
+        with self.lock:
+            return self._ops_locked()
+
+    def _ops_locked(self) -> dict[str, dict[str, Any]]:
+        ops = {}
+        for name, agg in sorted(self.ops.items()):
+            ops[name] = {**agg, "reasons": dict(agg["reasons"]), "phases": dict(agg["phases"])}
+        below = {name: n for name, (n,) in self.fast_path.items()}
+        for read, _ in self.counters:
+            for name, n in read().items():
+                below[name] = below.get(name, 0) + n
+        for name, n in below.items():
+            if n:
+                ops.setdefault(name, {**_new_op(), "reasons": {}, "phases": {}})["below_floor"] = n
+        return ops
+
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
-            ops = {}
-            for name, agg in sorted(self.ops.items()):
-                ops[name] = {**agg, "reasons": dict(agg["reasons"]), "phases": dict(agg["phases"])}
-            below = {name: n for name, (n,) in self.fast_path.items()}
-            for read, _ in self.counters:
-                for name, n in read().items():
-                    below[name] = below.get(name, 0) + n
-            for name, n in below.items():
-                if n:
-                    ops.setdefault(name, {**_new_op(), "reasons": {}, "phases": {}})["below_floor"] = n
+            ops = self._ops_locked()
             return {
                 "ops": ops,
                 "sites": {k: dict(v) for k, v in self.sites.items()},

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -378,10 +379,11 @@ class WorkerLink:
                 return
             why = self._exit_reason()
             exited = f"embedded worker exited (code {self.proc.returncode}{': ' + why if why else ''})"
-            if why and why.startswith(("ModuleNotFoundError", "ImportError")):
-                self.restarts = MAX_RESTARTS  # a restart cannot install what it lacks
-                self.ledger.event(f"{exited}; not restarted: this Python lacks the worker's packages "
-                                  "(pip install 'fusion-shim[worker]'), the run stays local")
+            fix = _fatal_fix(why, self.proc.returncode, self.ready_after_s is not None)
+            if fix is not None:
+                self.restarts = MAX_RESTARTS  # a restart would meet the same error
+                self.ledger.event(f"{exited}; not restarted: {fix}; the run stays local")
+                sys.stderr.write(f"fusion_shim: the embedded worker cannot start ({why}); computing here: {fix}\n")
                 return
             if self.restarts >= MAX_RESTARTS:
                 self.ledger.event(f"{exited}; {MAX_RESTARTS} restarts used, the rest of the run stays local")
@@ -466,6 +468,18 @@ class WorkerLink:
                 self.channel().request(messages.stats_request(rid, names), time.monotonic() + 0.5, self.watch)
             except transport.TransportError:
                 pass  # it unmaps them when it sees this process gone
+
+
+def _fatal_fix(why: str | None, code: int | None, was_ready: bool) -> str | None:
+    """The fix for an embedded worker's exit that a restart will not cure, or None: an import error,
+    or any exception before it was ever ready (a bad device, a broken install). A kill is retried."""
+    if not why or code is None or code <= 0 or not re.match(r"[\w.]+(Error|Exception)\b", why):
+        return None
+    if why.startswith(("ModuleNotFoundError", "ImportError")):
+        return "this Python lacks the worker's packages: pip install 'fusion-shim[worker]', or --worker URL"
+    if was_ready:
+        return None
+    return "check --device (FUSION_SHIM_DEVICE) and the worker's install, or give --worker URL"
 
 
 _said: set[str] = set()  # the addresses said unreachable on stderr: once each per process

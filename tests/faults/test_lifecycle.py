@@ -215,21 +215,32 @@ def test_exit_with_a_stopped_worker_does_not_hang(tmp_path):
     assert gone_within(worker_pid, 5)
 
 
-def test_a_worker_that_cannot_import_torch_is_named_and_not_restarted(tmp_path):
-    """A client installed without the worker's extra: the embedded worker dies importing torch (here a
-    stand-in package that fails as a missing one does); the report names the error, no restart."""
+@pytest.mark.parametrize("cause", ["torch missing", "bad device"])
+def test_a_worker_that_cannot_start_is_named_with_its_fix_and_not_restarted(tmp_path, cause):
+    """A client installed without the worker's extra (here a stand-in torch that fails as a missing
+    one does), or a device this host lacks: the embedded worker dies at start; no restart, and
+    stderr and the report say the reason and the fix in one line."""
     fake = tmp_path / "site" / "torch"
     fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
+    if cause == "torch missing":
+        (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
     app = tmp_path / "app.py"
     app.write_text("import numpy as np\na = np.ones((300, 300))\nprint(float(np.matmul(a, a).sum()))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
-    env["PYTHONPATH"] = str(tmp_path / "site")
-    r = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", "remote", "--device", "cpu", "--quiet",
+    if cause == "torch missing":
+        env["PYTHONPATH"] = str(tmp_path / "site")
+    device = "cpu" if cause == "torch missing" else "cuda:9"  # no host here has ten GPUs
+    r = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", "remote", "--device", device, "--quiet",
                         "--report", str(tmp_path / "r.json"), str(app)], capture_output=True, text=True,
                        timeout=600, env=env)
     assert r.returncode == 0, r.stderr
     assert float(r.stdout) == 300.0 ** 3
     events = [e["what"] for e in json.loads((tmp_path / "r.json").read_text())["events"]]
     exits = [e for e in events if "embedded worker exited" in e]
-    assert len(exits) == 1 and "No module named 'torch'" in exits[0] and "not restarted" in exits[0], events
+    assert len(exits) == 1 and "not restarted" in exits[0], events
+    said = [line for line in r.stderr.splitlines() if line.startswith("fusion_shim: the embedded worker cannot start")]
+    assert len(said) == 1, r.stderr
+    if cause == "torch missing":
+        assert "No module named 'torch'" in said[0] and "pip install 'fusion-shim[worker]'" in said[0], said
+    else:
+        assert "--device" in said[0] and "--worker URL" in said[0], said

@@ -226,8 +226,10 @@ def format_table(report: dict[str, Any]) -> str:
     if report.get("startup"):
         lines.append(_startup_line(report["startup"]))
     operators = report.get("operators") or {}
-    if operators and not operators.get("intercepted") and operators.get("why") != "policy local":
-        lines.append(f"  operators @, @=, .dot: not intercepted ({operators.get('why')})")
+    if operators and not operators.get("intercepted"):
+        lines.append(f"  operators @, @=, .dot: not intercepted ({operators.get('why')}), not counted")
+    if report["policy"] == "local" and report["ops"]:
+        lines.append("  policy local: every call computed here; counted under <floor, what auto or remote would consider")
     ops = report["ops"]
     if not ops:
         lines.append("  no intercepted calls")

@@ -20,7 +20,8 @@ JSON schema ``fusion_shim.report/1`` (a map):
   through the shim; their ops are ``numpy.ndarray.__matmul__``, ``__imatmul__``, ``dot``), ``why``
   (the reason they are not: no C extension, ``FUSION_SHIM_NATIVE=0``, policy local, or an unexpected
   NumPy), ``fast_path`` (``"C"`` or ``"wrapt"``: where the floor check of wrapped functions runs);
-- ``sites``: per call site (``file:line``): ``op``, ``calls``, ``wall_s``, ``worker``, ``verify_s``;
+- ``sites``: per call site and op (``"file:line op"``: one line may call several): ``site``, ``op``,
+  ``calls``, ``wall_s``, ``worker``, ``verify_s``;
 - ``summary``: what the table shows, computed (see :func:`summarize`); its ``vs_plain`` is the
   run against running plainly, every part the shim added, measured or ESTIMATED
   (:mod:`fusion_shim.report.bottom`, D120), ``bottom_line`` the same in plain words;
@@ -173,7 +174,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "vs_plain": added,  # D120: everything the shim added, by part, measured and estimated
         "bottom_line": plain_words(offloaded, considered, added, report["policy"]),
         "prediction_error": prediction_error(records),
-        "top_sites": sorted(({"site": k, **v} for k, v in report.get("sites", {}).items()),
+        "top_sites": sorted(({"site": k.rpartition(" ")[0], **v} for k, v in report.get("sites", {}).items()),
                             key=lambda s: -s["wall_s"])[:8],
     }
 

@@ -326,3 +326,15 @@ def test_the_bottom_line_labels_estimates_and_counts_the_shims_own_time():
     line = plain_words(1, 40, added, "auto")
     assert line == "offloaded 1 of 40 calls; about 1.3 s faster than running plainly (ESTIMATED), the worker's calls 2.0 s faster than NumPy here", line
     assert "would have been considered" in plain_words(0, 40, added, "local")
+
+
+def test_call_sites_are_keyed_by_line_and_op(shim):
+    a = RNG.standard_normal((40, 40))
+    for _ in range(3):
+        b = a @ a; c = np.matmul(a, a); f = np.fft.irfft2(np.fft.rfft2(a))  # noqa: E702  (one line, four ops)
+    line = f"{__file__}:{sys._getframe().f_lineno - 1}"
+    rep = fusion_shim.report()
+    here = {v["op"]: v["calls"] for v in rep["sites"].values() if v["site"] == line}
+    assert here == {"numpy.ndarray.__matmul__": 3, "numpy.matmul": 3, "numpy.fft.rfft2": 3, "numpy.fft.irfft2": 3}, rep["sites"]
+    shown = [l for l in format_table(rep).splitlines() if l.endswith(line)]
+    assert len(shown) == 4 and all(" 3 calls" in l for l in shown), shown

@@ -244,3 +244,52 @@ def test_a_worker_that_cannot_start_is_named_with_its_fix_and_not_restarted(tmp_
         assert "No module named 'torch'" in said[0] and "pip install 'fusion-shim[worker]'" in said[0], said
     else:
         assert "--device" in said[0] and "--worker URL" in said[0], said
+
+
+CTRL_C_APP = """\
+import sys
+import numpy as np
+a = np.ones((300, 300))
+if sys.argv[1] == "call":
+    np.matmul(a, a)  # waits for the embedded worker: warm from here on
+    a = np.random.default_rng(0).standard_normal((2500, 2500))
+print("go", flush=True)
+b = np.linalg.svd(a) if sys.argv[1] == "call" else np.matmul(a, a)
+"""
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(p) for p in f.read().split()]
+    return out
+
+
+@pytest.mark.parametrize("during", ["call", "readiness wait"])
+def test_ctrl_c_prints_the_report_a_clean_traceback_and_leaves_no_worker(tmp_path, during):
+    """SIGINT inside a remote call on the embedded worker, or while the first call waits for it to
+    warm: as plain Python (KeyboardInterrupt, exit by SIGINT, no frame of the shim, pyzmq or
+    threading), with the report still printed and the worker gone."""
+    prog = tmp_path / "app.py"
+    prog.write_text(CTRL_C_APP)
+    proc = subprocess.Popen([PY, "-m", "fusion_shim", "--policy", "remote", "--device", "cpu", str(prog),
+                             "call" if during == "call" else "wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=clean_env(), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stdout.readline().strip() == "go", proc.stderr.read() if proc.poll() is not None else ""
+        workers = _children(proc.pid)
+        assert workers, "no embedded worker was started"
+        time.sleep(1.0)  # in the svd (seconds on a CPU worker), or in the worker's warm-up
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGINT, err
+    start, end = err.index("Traceback (most recent call last):"), err.index("\nKeyboardInterrupt")
+    tb = err[start:end]
+    assert 'app.py", line 8' in tb, err
+    assert "fusion_shim" not in tb and "zmq" not in tb and "threading.py" not in tb, tb
+    assert "fusion_shim report" in err[end:], err
+    assert all(gone_within(pid, 10) for pid in workers), "the embedded worker outlived its interrupted client"

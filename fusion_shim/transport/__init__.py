@@ -169,6 +169,27 @@ class Answer(NamedTuple):
 COMING_MAX_S = 30.0  # D34: a worker starting at the address binds after importing torch, 3.0-3.3 s here
 
 
+def _unknown_host(url: str) -> bool:
+    """Whether a tcp URL names a host that does not resolve (asked once a channel gives up)."""
+    if not url.startswith("tcp://"):
+        return False
+    host = url[len("tcp://"):].rpartition(":")[0].strip("[]")
+    try:
+        ipaddress.ip_address(host)
+        return False
+    except ValueError:
+        pass
+    import socket
+
+    try:
+        socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 class NoListener(TransportError):
     """Nothing ever accepted this channel's connection: no worker at that address. ``why``: in a few words."""
 
@@ -299,6 +320,8 @@ class Channel:
             return WorkerLost(f"connection to {self.url} lost (worker killed, stopped or unreachable)")
         waited = time.monotonic() - self.opened
         if self.give_up_s is not None and not self.connected and waited >= self.give_up_s and not self._worker_coming(waited):
+            if self.retries and _unknown_host(self.url):  # libzmq retries a name it cannot resolve, too
+                return NoListener(f"no worker at {self.url}: its host name does not resolve", "unknown host")
             if self.retries:
                 return NoListener(f"nothing listens at {self.url}: connection refused {self.retries} times in "
                                   f"{waited:.1f}s (no worker there, or a wrong address)", "connection refused")

@@ -230,7 +230,8 @@ def format_table(report: dict[str, Any]) -> str:
     if operators and not operators.get("intercepted"):
         lines.append(f"  operators @, @=, .dot: not intercepted ({operators.get('why')}), not counted")
     if report["policy"] == "local" and report["ops"]:
-        lines.append("  policy local: every call computed here; counted under <floor, what auto or remote would consider")
+        lines.append("  policy local: every call computed here, counted under <floor (what auto or remote "
+                     "would consider)")
     ops = report["ops"]
     if not ops:
         lines.append("  no intercepted calls")

@@ -306,7 +306,8 @@ def test_a_run_slower_than_plain_python_is_reported_slower(tmp_path):
     added = sm["vs_plain"]
     assert 0 < added["added_s"] <= shim_s - plain_s + 2.0, (added, shim_s, plain_s)
     assert added["parts_s"]["waiting_for_worker_s"] > 0 and added["measured_s"] > 0
-    assert sm["bottom_line"].startswith("offloaded 11 of 11 calls; about ") and "slower than running plainly" in sm["bottom_line"]
+    line = sm["bottom_line"]
+    assert line.startswith("offloaded 11 of 11 calls; about ") and "slower than running plainly" in line, line
     assert "mostly waiting" in sm["bottom_line"] and "for the worker to warm" in sm["bottom_line"], sm["bottom_line"]
     table = out.stderr[out.stderr.index("fusion_shim report"):].splitlines()
     assert table[1].strip() == sm["bottom_line"], table[:3]
@@ -324,7 +325,8 @@ def test_the_bottom_line_labels_estimates_and_counts_the_shims_own_time():
     assert added["added_s"] == pytest.approx(0.3 + 0.2 - 2.0 + 0.1 + 0.1)
     assert added["estimated_s"] == pytest.approx(-2.0) and added["measured_s"] == pytest.approx(0.7)
     line = plain_words(1, 40, added, "auto")
-    assert line == "offloaded 1 of 40 calls; about 1.3 s faster than running plainly (ESTIMATED), the worker's calls 2.0 s faster than NumPy here", line
+    assert line == ("offloaded 1 of 40 calls; about 1.3 s faster than running plainly (ESTIMATED), "
+                    "the worker's calls 2.0 s faster than NumPy here"), line
     assert "would have been considered" in plain_words(0, 40, added, "local")
 
 
@@ -335,6 +337,7 @@ def test_call_sites_are_keyed_by_line_and_op(shim):
     line = f"{__file__}:{sys._getframe().f_lineno - 1}"
     rep = fusion_shim.report()
     here = {v["op"]: v["calls"] for v in rep["sites"].values() if v["site"] == line}
-    assert here == {"numpy.ndarray.__matmul__": 3, "numpy.matmul": 3, "numpy.fft.rfft2": 3, "numpy.fft.irfft2": 3}, rep["sites"]
+    want = {"numpy.ndarray.__matmul__": 3, "numpy.matmul": 3, "numpy.fft.rfft2": 3, "numpy.fft.irfft2": 3}
+    assert here == want, rep["sites"]
     shown = [l for l in format_table(rep).splitlines() if l.endswith(line)]
     assert len(shown) == 4 and all(" 3 calls" in l for l in shown), shown

@@ -73,7 +73,7 @@ class Ledger:
         self.records: list[Record] = []
         self.dropped = 0
         self.ops: dict[str, dict[str, Any]] = defaultdict(_new_op)
-        self.sites: dict[str, dict[str, Any]] = {}
+        self.sites: dict[tuple[str, str], dict[str, Any]] = {}  # by (site, op): one line may call several ops
         # calls kept local by the size floor: one list cell per op, bumped by the interceptor's
         # fast path without a lock or a lookup (a count, not a record; see intercept)
         self.fast_path: dict[str, list[int]] = defaultdict(lambda: [0])
@@ -136,9 +136,10 @@ class Ledger:
                 agg["mismatches"] += rec.verify != "ok"
             if rec.kind in ("unsupported", "fallback"):
                 agg["reasons"][f"{rec.kind}: {rec.reason}"] += 1
-            site = self.sites.get(rec.site)
+            site = self.sites.get((rec.site, rec.op))
             if site is None:
-                site = self.sites[rec.site] = {"op": rec.op, "calls": 0, "wall_s": 0.0, "worker": 0, "verify_s": 0.0}
+                site = self.sites[(rec.site, rec.op)] = {"site": rec.site, "op": rec.op, "calls": 0, "wall_s": 0.0,
+                                                         "worker": 0, "verify_s": 0.0}
             site["calls"] += 1
             site["wall_s"] += rec.wall_s
             site["worker"] += rec.kind == "worker"
@@ -171,7 +172,7 @@ class Ledger:
             ops = self._ops_locked()
             return {
                 "ops": ops,
-                "sites": {k: dict(v) for k, v in self.sites.items()},
+                "sites": {f"{site} {op}": dict(v) for (site, op), v in self.sites.items()},
                 "events": [{"t_s": t, "what": w} for t, w in self.events],
                 "records": [asdict(r) for r in self.records],
                 "records_dropped": self.dropped,

@@ -35,3 +35,33 @@ def owner_dead(ns: int, pid: int, start: int) -> bool:
         return False
     now = proc_start(pid)
     return now is None or now != start
+
+
+_ANY_HOST = ("127.0.0.1", "localhost", "0.0.0.0", "*", "[::1]", "[::]")
+
+
+def worker_binding(url: str) -> bool:
+    """Whether a process on this host was started to serve ``url`` (a ``worker --bind URL`` command
+    line; for tcp the same port on a loopback or wildcard host): a worker still starting there."""
+    want = _bind_key(url)
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return False
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        if "--bind" in args[:-1] and any("worker" in a for a in args) and any("fusion" in a for a in args):
+            if _bind_key(args[args.index("--bind") + 1]) == want:
+                return True
+    return False
+
+
+def _bind_key(url: str) -> str:
+    if url.startswith("tcp://"):
+        host, _, port = url[len("tcp://"):].rpartition(":")
+        return f"tcp:{port}" if host in _ANY_HOST else url
+    return url

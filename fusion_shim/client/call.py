@@ -61,6 +61,16 @@ class CallPath:
         t0 = time.perf_counter()
         rec = Record(spec.name, spec.family, site=call_site(4), start_s=t0 - self.ledger.started,
                      thread=threading.get_ident())
+        try:
+            return self._run(spec, sig, args, kwargs, rec, t0)
+        except KeyboardInterrupt:  # Ctrl-C while it waited: the report still shows the call
+            rec.kind, rec.reason, rec.raised = "fallback", "interrupted before it ran", "KeyboardInterrupt"
+            rec.wall_s = time.perf_counter() - t0
+            self.ledger.add(rec)
+            raise
+
+    def _run(self, spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict, rec: Record,
+             t0: float) -> Done | Record:
         prep = self._prepare(spec, sig, args, kwargs, rec)
         if prep is None:  # unsupported, pinned, or no worker has its kernel: the record says so
             return rec
@@ -96,8 +106,10 @@ class CallPath:
         if (self.config.policy == "remote" and first is not None and first.state == "starting"
                 and not any(link.ready.is_set() for link in self.links)):
             waited = time.perf_counter()
-            first.wait_ready(self.config.ready_timeout, while_starting=True)
-            rec.phases["wait_ready"] = time.perf_counter() - waited
+            try:
+                first.wait_ready(self.config.ready_timeout, while_starting=True)
+            finally:
+                rec.phases["wait_ready"] = time.perf_counter() - waited
         unoffered = self._unoffered(spec)
         if unoffered is not None:
             rec.kind, rec.reason = "unsupported", unoffered

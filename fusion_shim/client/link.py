@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import weakref
 from typing import Any
 
-from .. import plan, transport
+from .. import plan, procinfo, transport
 from ..config import Config
 from ..ledger import Ledger
 from ..protocol import messages
@@ -30,7 +32,7 @@ MAX_RESTARTS = 2  # an embedded worker that died is restarted this many times, t
 QUIET_TRIES = 4  # D24: a probe on its own thread waits for an idle moment this many checks (about 0.2 s),
 HANDOFF_RTT_S = 1e-3  # then runs, unless its link is this close: then the next call that wants it makes it
 REPROBE_MAX_S = 5.0  # a faulted worker is probed again after 0.1 s, doubling up to this
-NO_LISTENER_S = 30.0  # D34: an address where nothing accepts connections this long is reported down
+NO_LISTENER_S = 1.5  # D35: an address where nothing accepts connections this long is reported down
 
 
 class WorkerLink:
@@ -85,10 +87,17 @@ class WorkerLink:
             self._curve = _load_curve(self.config, self.url, None)
         return self._curve
 
-    def _give_up_s(self) -> float | None:
-        """D34: a worker started elsewhere whose address refuses connections is not waited for; the
-        embedded one binds only once its process has started."""
-        return None if self.embedded else NO_LISTENER_S
+    def _channel(self) -> transport.Channel:
+        """A new channel to this worker. D34, D35: one started elsewhere whose address refuses
+        connections is not waited for, unless it is starting (the embedded one is watched instead)."""
+        give_up = None if self.embedded else NO_LISTENER_S
+        return transport.Channel(self.url, self.curve, self.config.worker_uid, give_up, self._worker_coming)
+
+    def _worker_coming(self) -> bool:
+        """A parent run's embedded worker (deferred, or importing torch), or a process on this host
+        started to serve the address: it binds once it has imported torch."""
+        url = self.url or ""
+        return rundir.is_run_socket(url) or (transport.is_loopback(url) and procinfo.worker_binding(url))
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -131,7 +140,7 @@ class WorkerLink:
         chan = None
         try:
             # its own channel, closed at the end: a probe thread must not leave a socket behind
-            chan = transport.Channel(self.url, self.curve, self.config.worker_uid, self._give_up_s())
+            chan = self._channel()
             rid = next(self._ids)
             t = time.monotonic()
             offer = self.lane.offer(self.url)  # shared memory, if the worker can map ours
@@ -194,6 +203,8 @@ class WorkerLink:
             self.state = "down"
         if not self._failed_probes:  # one event per outage, not one per retry
             self.ledger.event(f"worker not ready: {type(exc).__name__}: {exc}")
+            if isinstance(exc, (transport.NoListener, transport.Refused)):
+                _say_unreachable(self.url, exc)
         self._failed_probes += 1
         self._maybe_restart()
 
@@ -251,7 +262,7 @@ class WorkerLink:
         chan = None
         try:
             # its own socket, closed at the end
-            chan = transport.Channel(self.url, self.curve, self.config.worker_uid, self._give_up_s())
+            chan = self._channel()
             up, down, why, moved = linkprobe.bandwidth(chan, self.next_id, self.rtt_s or 0.0, self._probe_alive,
                                                        min(self.config.timeout, 30.0))
             if why is not None:
@@ -368,10 +379,11 @@ class WorkerLink:
                 return
             why = self._exit_reason()
             exited = f"embedded worker exited (code {self.proc.returncode}{': ' + why if why else ''})"
-            if why and why.startswith(("ModuleNotFoundError", "ImportError")):
-                self.restarts = MAX_RESTARTS  # a restart cannot install what it lacks
-                self.ledger.event(f"{exited}; not restarted: this Python lacks the worker's packages "
-                                  "(pip install 'fusion-shim[worker]'), the run stays local")
+            fix = _fatal_fix(why, self.proc.returncode, self.ready_after_s is not None)
+            if fix is not None:
+                self.restarts = MAX_RESTARTS  # a restart would meet the same error
+                self.ledger.event(f"{exited}; not restarted: {fix}; the run stays local")
+                sys.stderr.write(f"fusion_shim: the embedded worker cannot start ({why}); computing here: {fix}\n")
                 return
             if self.restarts >= MAX_RESTARTS:
                 self.ledger.event(f"{exited}; {MAX_RESTARTS} restarts used, the rest of the run stays local")
@@ -412,7 +424,7 @@ class WorkerLink:
         chan = getattr(self._local, "chan", None)
         if chan is None or chan.pid != os.getpid() or chan.url != self.url:
             # a forked child lands here too: it never touches its parent's socket
-            chan = transport.Channel(self.url, self.curve, self.config.worker_uid, self._give_up_s())
+            chan = self._channel()
             self._local.chan = chan
         return chan
 
@@ -456,6 +468,30 @@ class WorkerLink:
                 self.channel().request(messages.stats_request(rid, names), time.monotonic() + 0.5, self.watch)
             except transport.TransportError:
                 pass  # it unmaps them when it sees this process gone
+
+
+def _fatal_fix(why: str | None, code: int | None, was_ready: bool) -> str | None:
+    """The fix for an embedded worker's exit that a restart will not cure, or None: an import error,
+    or any exception before it was ever ready (a bad device, a broken install). A kill is retried."""
+    if not why or code is None or code <= 0 or not re.match(r"[\w.]+(Error|Exception)\b", why):
+        return None
+    if why.startswith(("ModuleNotFoundError", "ImportError")):
+        return "this Python lacks the worker's packages: pip install 'fusion-shim[worker]', or --worker URL"
+    if was_ready:
+        return None
+    return "check --device (FUSION_SHIM_DEVICE) and the worker's install, or give --worker URL"
+
+
+_said: set[str] = set()  # the addresses said unreachable on stderr: once each per process
+
+
+def _say_unreachable(url: str | None, exc: Exception) -> None:
+    """D35: a wrong worker address is said on stderr at once (the table, if any, comes at exit)."""
+    if url in _said:
+        return
+    _said.add(url)
+    why = getattr(exc, "why", None) or str(exc)
+    sys.stderr.write(f"fusion_shim: no worker at {url} ({why}); computing here\n")
 
 
 def _loopback_tcp(url: str | None) -> bool:

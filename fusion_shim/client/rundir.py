@@ -18,6 +18,14 @@ from ..procinfo import owner_dead, pidns, proc_start
 _RUN = re.compile(r"run-(\d+)-(\d+)-(\d+)(-.*)?$")  # a second runtime's has a suffix
 
 
+def is_run_socket(url: str) -> bool:
+    """Whether ``url`` is an embedded worker's socket in a run's directory (a parent run's worker)."""
+    if not url.startswith("ipc://"):
+        return False
+    name = os.path.basename(os.path.dirname(url[len("ipc://"):]))
+    return bool(_RUN.match(name)) or name.startswith("fusion-shim-")  # new_run_dir's fallback
+
+
 class RunDirError(OSError):
     """The per-user directory cannot be trusted."""
 

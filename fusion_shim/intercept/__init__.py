@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .. import _hooks
 from ..config import Config
+from ..plan.cells import NEVER
 from . import native, wrappers
 
 if TYPE_CHECKING:  # numpy and zmq load when numpy does, not when the bootstrap installs the hook
@@ -203,7 +204,8 @@ def _on_numpy(_numpy: ModuleType) -> None:
         for name in TRIGGERS[1:]:  # imported before NumPy's hook ran (its own hook returned early)
             if name in sys.modules:
                 _patch_rows(inst, name)
-        native.publish_floor(-1 if rt.local_only else rt.floor_bytes)
+        # policy local: every call below an unreachable floor, counted (what the report considers)
+        native.publish_floor(NEVER if rt.local_only else rt.floor_bytes)
         ok, why = native.install_operators(rt)
         rt.note_operators(ok, why, "C" if _use_c(rt) else "wrapt")
         rt.note_startup("interception", time.perf_counter() - t)
@@ -300,7 +302,8 @@ def _make_wrapper(spec: "OpSpec", rt: "Runtime", slow: Callable) -> Callable:
     floor_cell = rt.floor_cell(spec.name)  # this op's floor, kept current by the planner
 
     def _intercepted(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
-        if rt.local_only:
+        if rt.local_only:  # policy local, or shut down: counted, computed here
+            below_floor[0] += 1
             return wrapped(*args, **kwargs)
         floor = floor_cell[0]
         if floor:

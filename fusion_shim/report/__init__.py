@@ -22,8 +22,11 @@ JSON schema ``fusion_shim.report/1`` (a map):
   through the shim; their ops are ``numpy.ndarray.__matmul__``, ``__imatmul__``, ``dot``), ``why``
   (the reason they are not: no C extension, ``FUSION_SHIM_NATIVE=0``, policy local, or an unexpected
   NumPy), ``fast_path`` (``"C"`` or ``"wrapt"``: where the floor check of wrapped functions runs);
-- ``sites``: per call site (``file:line``): ``op``, ``calls``, ``wall_s``, ``worker``, ``verify_s``;
-- ``summary``: what the table shows, computed (see :func:`summarize`);
+- ``sites``: per call site and op (``"file:line op"``: one line may call several): ``site``, ``op``,
+  ``calls``, ``wall_s``, ``worker``, ``verify_s``;
+- ``summary``: what the table shows, computed (see :func:`summarize`); its ``vs_plain`` is the
+  run against running plainly, every part the shim added, measured or ESTIMATED
+  (:mod:`fusion_shim.report.bottom`, D120), ``bottom_line`` the same in plain words;
 - ``events``: worker lifecycle and pins, ``{"t_s", "what"}``;
 - ``startup``: seconds the shim spent starting, per phase: ``bootstrap`` (the ``.pth`` hook),
   ``launcher`` (``python -m fusion_shim`` up to the program), ``interception`` (at NumPy's import:
@@ -55,6 +58,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence, TextIO
 # unhandled Ctrl-C instead of by SIGINT. config and ledger have dataclasses: the runtime loads them.
 from ..config import Config
 from ..ledger import PHASES, Ledger
+from .bottom import added_time, detail, plain_words
 
 if TYPE_CHECKING:
     from ..plan import Planner
@@ -154,22 +158,13 @@ def _worker_entry(rt: RunView, link: WorkerView) -> dict[str, Any]:
 
 
 def summarize(report: dict[str, Any]) -> dict[str, Any]:
-    """The numbers under the table: time by place and by phase, bytes, checks, the estimate against
-    all-local, prediction error. Worker and local times exclude the checks' time."""
+    """The numbers under the table: time by place and by phase, bytes, checks, what the shim added
+    against running plainly (D120), prediction error. Worker and local times exclude the checks' time."""
     ops, records = report["ops"], report["records"]
     by_phase = {p: sum(o["phases"].get(p, 0.0) for o in ops.values()) for p in (*PHASES, "verify")}
-    worker_calls = [r for r in records if r["kind"] == "worker"]
-    saved_measured = saved_estimated = 0.0
-    n_measured = n_estimated = 0
-    for r in worker_calls:
-        # the cold-worker wait has its own line: it is not the placement's cost
-        spent = r["wall_s"] - r["phases"].get("wait_ready", 0.0)
-        if r.get("local_measured_s") is not None:
-            saved_measured += r["local_measured_s"] - spent
-            n_measured += 1
-        elif r.get("predicted_local_s"):
-            saved_estimated += r["predicted_local_s"] - spent
-            n_estimated += 1
+    added = added_time(records, by_phase, report.get("startup") or {})
+    considered = sum(o["calls"] + o.get("below_floor", 0) for o in ops.values())
+    offloaded = sum(o["worker"] for o in ops.values())
     return {
         "time_on_worker_path_s": sum(by_phase[p] for p in WORKER_PHASES),
         "time_computed_here_s": by_phase["local"],
@@ -184,13 +179,10 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "bytes_received": sum(o["bytes_received"] for o in ops.values()),
         "shm_sent": sum(o.get("shm_sent", 0) for o in ops.values()),
         "shm_received": sum(o.get("shm_received", 0) for o in ops.values()),
-        "vs_all_local": {
-            "saved_measured_s": saved_measured, "calls_measured": n_measured,
-            "saved_estimated_s": saved_estimated, "calls_estimated": n_estimated,
-            "calls_unpriced": len(worker_calls) - n_measured - n_estimated,
-        },
+        "vs_plain": added,  # D120: everything the shim added, by part, measured and estimated
+        "bottom_line": plain_words(offloaded, considered, added, report["policy"]),
         "prediction_error": prediction_error(records),
-        "top_sites": sorted(({"site": k, **v} for k, v in report.get("sites", {}).items()),
+        "top_sites": sorted(({"site": k.rpartition(" ")[0], **v} for k, v in report.get("sites", {}).items()),
                             key=lambda s: -s["wall_s"])[:8],
     }
 
@@ -232,18 +224,22 @@ def _ms(s: float | None) -> str:
     return f"{s * 1e3:.1f}ms" if s < 10 else f"{s:.1f}s"
 
 
-def _signed(s: float) -> str:
-    return ("saved " if s >= 0 else "lost ") + _ms(abs(s)) if s else "0"
-
-
 def format_table(report: dict[str, Any]) -> str:
     """The summary printed at exit: who ran where, the per-op table, the totals, the planner, the events."""
     lines = [_title(report)]
+    sm = report.get("summary")
+    if not sm or "vs_plain" not in sm:  # a report saved before D120
+        sm = summarize(report)
+    if report["ops"]:
+        lines.append(f"  {sm['bottom_line']}")
     if report.get("startup"):
         lines.append(_startup_line(report["startup"]))
     operators = report.get("operators") or {}
-    if operators and not operators.get("intercepted") and operators.get("why") != "policy local":
-        lines.append(f"  operators @, @=, .dot: not intercepted ({operators.get('why')})")
+    if operators and not operators.get("intercepted"):
+        lines.append(f"  operators @, @=, .dot: not intercepted ({operators.get('why')}), not counted")
+    if report["policy"] == "local" and report["ops"]:
+        lines.append("  policy local: every call computed here, counted under <floor (what auto or remote "
+                     "would consider)")
     ops = report["ops"]
     if not ops:
         lines.append("  no intercepted calls")
@@ -254,7 +250,6 @@ def format_table(report: dict[str, Any]) -> str:
         before = (f"in the first {w['ready_after_s']:.2f}s, before the worker was ready,"
                   if w.get("ready_after_s") is not None else "with no worker ready,")
         lines.append(f"  calls {before} ran here at one comparison each (counted under <floor)")
-    sm = report.get("summary") or summarize(report)
     checks = any(o.get("verified") for o in ops.values())
     lines += _op_table(ops, checks)
     lines += _totals(sm, checks)
@@ -356,16 +351,7 @@ def _totals(sm: dict[str, Any], checks: bool) -> list[str]:
     if checks:
         lines.append(f"  checked: {c['verified']} answers ({c['mismatches']} mismatches), "
                      f"{_ms(sm['time_checking_s'])} of local recompute kept out of the totals above")
-    vs = sm["vs_all_local"]
-    parts = []
-    if vs["calls_measured"]:
-        parts.append(f"{_signed(vs['saved_measured_s'])} measured on {vs['calls_measured']} checked calls")
-    if vs["calls_estimated"]:
-        parts.append(f"{_signed(vs['saved_estimated_s'])} ESTIMATED from predictions on {vs['calls_estimated']} calls")
-    if vs["calls_unpriced"]:
-        parts.append(f"{vs['calls_unpriced']} calls without a local price")
-    if parts:
-        lines.append("  against all-local: " + "; ".join(parts))
+    lines.append(detail(sm["vs_plain"]))
     return lines
 
 

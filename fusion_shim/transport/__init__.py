@@ -86,6 +86,10 @@ def _exits_soon(alive: Callable[[], bool], within_s: float = 0.05) -> bool:
 class Refused(TransportError):
     """The security handshake failed: the worker refused this client's key, or the keys do not match."""
 
+    @property
+    def why(self) -> str:
+        return "wrong key: " + str(self)
+
 
 def check_url(url: str) -> str:
     scheme = url.split("://", 1)[0] if "://" in url else ""
@@ -162,8 +166,36 @@ class Answer(NamedTuple):
     lane_note: str | None   # why a lane that was given carried nothing, if it could not
 
 
+COMING_MAX_S = 30.0  # D34: a worker starting at the address binds after importing torch, 3.0-3.3 s here
+
+
+def _unknown_host(url: str) -> bool:
+    """Whether a tcp URL names a host that does not resolve (asked once a channel gives up)."""
+    if not url.startswith("tcp://"):
+        return False
+    host = url[len("tcp://"):].rpartition(":")[0].strip("[]")
+    try:
+        ipaddress.ip_address(host)
+        return False
+    except ValueError:
+        pass
+    import socket
+
+    try:
+        socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 class NoListener(TransportError):
-    """Nothing ever accepted this channel's connection: no worker at that address."""
+    """Nothing ever accepted this channel's connection: no worker at that address. ``why``: in a few words."""
+
+    def __init__(self, text: str, why: str):
+        super().__init__(text)
+        self.why = why
 
 
 class Channel:
@@ -171,16 +203,19 @@ class Channel:
 
     ``curve``: ``(server_public, client_public, client_secret)`` (z85 bytes) to speak CURVE, or None.
     ``peer_uid``: on ``ipc://``, a uid besides this user's and root's that may answer.
-    ``give_up_s``: a request fails with :class:`NoListener` once no connection was made this long.
+    ``give_up_s``: a request fails with :class:`NoListener` once no connection was made this long,
+    unless ``coming()`` says a worker is starting there (then up to ``COMING_MAX_S``).
     A forked child never uses its parent's channel: callers compare ``pid``."""
 
     def __init__(self, url: str, curve: tuple[bytes, bytes, bytes] | None = None, peer_uid: int | None = None,
-                 give_up_s: float | None = None):
+                 give_up_s: float | None = None, coming: Callable[[], bool] | None = None):
         check_url(url)
         self.sock = self.pulse = None
         self.monitors: list[zmq.Socket] = []
         # a request fails once nothing accepted a connection this long (inproc has no monitor to say)
         self.give_up_s = None if url.startswith("inproc://") else give_up_s
+        self.coming = coming
+        self._coming_seen = (0.0, False)  # (when coming() was last asked, its answer)
         self.opened = time.monotonic()
         self.retries = 0      # connections refused so far, before any handshake
         self.connected = False  # a transport connection was made at least once
@@ -284,15 +319,29 @@ class Channel:
         if self.handshakes:
             return WorkerLost(f"connection to {self.url} lost (worker killed, stopped or unreachable)")
         waited = time.monotonic() - self.opened
-        if self.give_up_s is not None and not self.connected and waited >= self.give_up_s:
+        if self.give_up_s is not None and not self.connected and waited >= self.give_up_s and not self._worker_coming(waited):
+            if self.retries and _unknown_host(self.url):  # libzmq retries a name it cannot resolve, too
+                return NoListener(f"no worker at {self.url}: its host name does not resolve", "unknown host")
             if self.retries:
                 return NoListener(f"nothing listens at {self.url}: connection refused {self.retries} times in "
-                                  f"{waited:.0f}s (no worker there, or a wrong address)")
-            return NoListener(f"no connection to {self.url} within {waited:.0f}s (host unreachable or filtered)")
+                                  f"{waited:.1f}s (no worker there, or a wrong address)", "connection refused")
+            return NoListener(f"no connection to {self.url} within {waited:.1f}s (unknown host, host unreachable "
+                              "or filtered)", "no connection: unknown host, unreachable or filtered")
         if self.closed_early:  # a worker dying mid-handshake looks the same as one refusing our keys
             hint = " (with CURVE: or a wrong server key)" if self.curve else ""
             return WorkerLost(f"{self.url} closed the connection before the handshake completed{hint}")
         return None
+
+    def _worker_coming(self, waited: float) -> bool:
+        """D35: whether a worker is starting at the address (asked at most twice a second)."""
+        if self.coming is None or waited >= COMING_MAX_S:
+            return False
+        asked, answer = self._coming_seen
+        now = time.monotonic()
+        if now - asked >= 0.5:
+            answer = bool(self.coming())
+            self._coming_seen = (now, answer)
+        return answer
 
     def request(self, req: Request, deadline: float, alive: Callable[[], bool] | None = None,
                 lane: "ShmPool | None" = None) -> "Answer":

@@ -215,21 +215,81 @@ def test_exit_with_a_stopped_worker_does_not_hang(tmp_path):
     assert gone_within(worker_pid, 5)
 
 
-def test_a_worker_that_cannot_import_torch_is_named_and_not_restarted(tmp_path):
-    """A client installed without the worker's extra: the embedded worker dies importing torch (here a
-    stand-in package that fails as a missing one does); the report names the error, no restart."""
+@pytest.mark.parametrize("cause", ["torch missing", "bad device"])
+def test_a_worker_that_cannot_start_is_named_with_its_fix_and_not_restarted(tmp_path, cause):
+    """A client installed without the worker's extra (here a stand-in torch that fails as a missing
+    one does), or a device this host lacks: the embedded worker dies at start; no restart, and
+    stderr and the report say the reason and the fix in one line."""
     fake = tmp_path / "site" / "torch"
     fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
+    if cause == "torch missing":
+        (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
     app = tmp_path / "app.py"
     app.write_text("import numpy as np\na = np.ones((300, 300))\nprint(float(np.matmul(a, a).sum()))\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
-    env["PYTHONPATH"] = str(tmp_path / "site")
-    r = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", "remote", "--device", "cpu", "--quiet",
+    if cause == "torch missing":
+        env["PYTHONPATH"] = str(tmp_path / "site")
+    device = "cpu" if cause == "torch missing" else "cuda:9"  # no host here has ten GPUs
+    r = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", "remote", "--device", device, "--quiet",
                         "--report", str(tmp_path / "r.json"), str(app)], capture_output=True, text=True,
                        timeout=600, env=env)
     assert r.returncode == 0, r.stderr
     assert float(r.stdout) == 300.0 ** 3
     events = [e["what"] for e in json.loads((tmp_path / "r.json").read_text())["events"]]
     exits = [e for e in events if "embedded worker exited" in e]
-    assert len(exits) == 1 and "No module named 'torch'" in exits[0] and "not restarted" in exits[0], events
+    assert len(exits) == 1 and "not restarted" in exits[0], events
+    said = [line for line in r.stderr.splitlines() if line.startswith("fusion_shim: the embedded worker cannot start")]
+    assert len(said) == 1, r.stderr
+    if cause == "torch missing":
+        assert "No module named 'torch'" in said[0] and "pip install 'fusion-shim[worker]'" in said[0], said
+    else:
+        assert "--device" in said[0] and "--worker URL" in said[0], said
+
+
+CTRL_C_APP = """\
+import sys
+import numpy as np
+a = np.ones((300, 300))
+if sys.argv[1] == "call":
+    np.matmul(a, a)  # waits for the embedded worker: warm from here on
+    a = np.random.default_rng(0).standard_normal((2500, 2500))
+print("go", flush=True)
+b = np.linalg.svd(a) if sys.argv[1] == "call" else np.matmul(a, a)
+"""
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(p) for p in f.read().split()]
+    return out
+
+
+@pytest.mark.parametrize("during", ["call", "readiness wait"])
+def test_ctrl_c_prints_the_report_a_clean_traceback_and_leaves_no_worker(tmp_path, during):
+    """SIGINT inside a remote call on the embedded worker, or while the first call waits for it to
+    warm: as plain Python (KeyboardInterrupt, exit by SIGINT, no frame of the shim, pyzmq or
+    threading), with the report still printed and the worker gone."""
+    prog = tmp_path / "app.py"
+    prog.write_text(CTRL_C_APP)
+    proc = subprocess.Popen([PY, "-m", "fusion_shim", "--policy", "remote", "--device", "cpu", str(prog),
+                             "call" if during == "call" else "wait"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=clean_env(), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        assert proc.stdout.readline().strip() == "go", proc.stderr.read() if proc.poll() is not None else ""
+        workers = _children(proc.pid)
+        assert workers, "no embedded worker was started"
+        time.sleep(1.0)  # in the svd (seconds on a CPU worker), or in the worker's warm-up
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGINT, err
+    start, end = err.index("Traceback (most recent call last):"), err.index("\nKeyboardInterrupt")
+    tb = err[start:end]
+    assert 'app.py", line 8' in tb, err
+    assert "fusion_shim" not in tb and "zmq" not in tb and "threading.py" not in tb, tb
+    assert "fusion_shim report" in err[end:], err
+    assert all(gone_within(pid, 10) for pid in workers), "the embedded worker outlived its interrupted client"

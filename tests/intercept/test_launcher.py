@@ -545,3 +545,28 @@ def test_children_of_a_deferred_parent_wait_for_its_worker_instead_of_starting_t
     out = json.loads(r.stdout.splitlines()[-1])
     assert out["state"] == "deferred" and out["url"].startswith("ipc://")
     assert out["kid"] == [out["url"], False, True]  # the parent's future worker; no process of its own
+
+
+def test_policy_local_prints_what_would_have_been_considered(tmp_path):
+    """Under --policy local every intercepted call (C fast path and wrapt's alike) is counted and
+    the report printed: the calls auto or remote would have considered."""
+    prog = write(tmp_path / "loc.py", """\
+        import numpy as np
+        a = np.ones((300, 300))
+        for _ in range(5):
+            np.matmul(a, a)
+        np.linalg.solve(a + 300 * np.eye(300), a)
+        np.linalg.multi_dot([a, a, a])
+    """)
+    here = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}  # a checkout's tree
+    r = run(["-m", "fusion_shim", "--policy", "local", "--report", str(tmp_path / "r.json"), str(prog)], tmp_path,
+            clean_env(**here))
+    assert r.returncode == 0, r.stderr
+    ops = json.loads((tmp_path / "r.json").read_text())["ops"]
+    counted = {name: o["calls"] + o["below_floor"] for name, o in ops.items()}
+    assert counted == {"numpy.matmul": 5, "numpy.linalg.solve": 1, "numpy.linalg.multi_dot": 1}, ops
+    assert all(o["worker"] == 0 for o in ops.values())
+    assert "fusion_shim report" in r.stderr and "offloaded 0 of 7 calls (policy local" in r.stderr, r.stderr
+    assert "no intercepted calls" not in r.stderr
+    line = next(l for l in r.stderr.splitlines() if l.strip().startswith("matmul"))
+    assert line.split()[1] == "5", line

@@ -241,7 +241,7 @@ def test_authentication_matrix(keys, curve_worker):
         assert curve_worker.dispatched == curve_worker.handled == 1, f"{name}: frames reached the dispatcher"
 
 
-def test_shim_over_curve(keys, curve_worker):
+def test_shim_over_curve(keys, curve_worker, capsys):
     d, other = keys
     a = np.random.default_rng(1).standard_normal((64, 64))
     want = a @ a
@@ -261,6 +261,10 @@ def test_shim_over_curve(keys, curve_worker):
     assert rt.ledger.records[-1].kind == "fallback"
     text = "\n".join(e for _, e in rt.ledger.events)
     assert "Refused: the worker at" in text and "refused this client's key" in text, text
+    said = capsys.readouterr().err.splitlines()  # D35: once, with the reason
+    assert [ln for ln in said if ln.startswith("fusion_shim: no worker at")] == [
+        f"fusion_shim: no worker at {curve_worker.url} (wrong key: the worker at {curve_worker.url} refused this "
+        "client's key); computing here"], said
     assert curve_worker.dispatched == before
 
 

@@ -227,6 +227,7 @@ class CallPath:
         rec.kind = "worker"
         rec.wall_s = time.perf_counter() - t0
         link.answered.add((call.op, call.dtype))
+        link.answered_call(rec.bytes_sent + rec.shm_sent, rec.bytes_received + rec.shm_received)
         return Done(value, rec, prep)
 
     def _deadline(self, link: WorkerLink, call: plan.Call, decision: plan.Decision) -> tuple[float, bool]:

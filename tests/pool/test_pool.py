@@ -24,10 +24,23 @@ POOL = "t"
 DEADLINE_S = 240.0  # generous: the machine is shared, and a worker imports torch when Ray restarts it
 
 
+def start_cluster(tries: int = 3) -> None:
+    """A local cluster, its node on loopback (every socket of the tests stays on this machine). Ray
+    waits a fixed 30 s for its raylet to register, which a loaded 2-core machine can miss: tried again."""
+    for attempt in range(tries):
+        try:
+            ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=4, num_gpus=2, include_dashboard=False,
+                     namespace=NAMESPACE, log_to_driver=False, object_store_memory=80 << 20, configure_logging=False)
+            return
+        except Exception as exc:
+            if "timed out during startup" not in str(exc) or attempt == tries - 1:
+                raise
+            ray.shutdown()
+
+
 @pytest.fixture(scope="module")
 def cluster():
-    ray.init(address="local", num_cpus=4, num_gpus=2, include_dashboard=False, namespace=NAMESPACE, log_to_driver=False,
-             object_store_memory=80 << 20, configure_logging=False)
+    start_cluster()
     try:
         yield ray.get_runtime_context().gcs_address
     finally:

@@ -77,10 +77,6 @@ class Pool:
         info = {k: d.get(k) for k in ("node", "device", "pid", "ray_gpus", "gpu_emulated", "state")}
         return Endpoint(d["name"], d["url"], (d["server_key"], self._public, self._secret), info)
 
-    def close(self) -> None:
-        """Leave the cluster if this run joined it (a program that uses Ray itself keeps its connection)."""
-        self._handles = []
-
 
 def unreachable(address: str) -> str | None:
     """D151: why ``address`` cannot be a Ray cluster's (nothing accepts a TCP connection there), or None."""

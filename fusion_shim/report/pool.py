@@ -13,7 +13,8 @@ def pool_section(url: str | None, links: Sequence[Any]) -> dict[str, Any] | None
     for link in links:
         info = link.pool or {}
         workers.append({
-            "name": info.get("name"), "node": info.get("node"), "device": info.get("device"),
+            # the device the worker said when ready; Ray's word for it only before that
+            "name": info.get("name"), "node": info.get("node"), "device": link.info.get("device") or info.get("device"),
             "ray_gpus": info.get("ray_gpus"), "gpu_emulated": bool(info.get("gpu_emulated")),
             "url": link.url, "state": link.state, "pid": info.get("pid"), "restarts": link.restarts,
             "calls": link.calls, "calls_since_restart": link.calls_since_restart,

@@ -17,6 +17,7 @@ from tests.helpers.environment import ROOT
 
 ray = pytest.importorskip("ray")
 from fusion_shim.pool import NAMESPACE, manage  # noqa: E402
+from fusion_shim.report.trace import build_trace  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("ray")
 PROGRAM = str(ROOT / "tests" / "pool" / "programs.py")
@@ -51,6 +52,8 @@ def cluster():
 def pool(cluster):
     rows, made = manage.up(cluster, 2, "auto", name=POOL)
     assert made
+    # warmed before the programs start: a run shorter than a worker's warm-up would use only the other
+    _wait_for(lambda: all(r["state"] == "ready" for r in manage.status(cluster, POOL)), "both workers warm")
     try:
         yield rows
     finally:
@@ -96,8 +99,14 @@ def test_calls_through_the_pool_print_what_plain_python_prints_and_spread_over_b
     assert out == _plain(["spread"])
     workers = json.loads(report.read_text())["pool"]["workers"]
     assert [w["name"] for w in workers] == [f"{POOL}.0", f"{POOL}.1"]
-    assert all(w["calls"] > 0 for w in workers), workers
+    assert all(w["calls"] > 0 for w in workers), (workers, json.loads(report.read_text())["events"])
     assert all(w["gpu_emulated"] and w["node"] for w in workers)
+    trace = build_trace(json.loads(report.read_text()))["traceEvents"]
+    named = [e["args"]["name"] for e in trace if e["name"] == "process_name"]
+    assert sorted(n.split(" on ")[0] for n in named if n.startswith("pool worker")) == [f"pool worker {POOL}.0",
+                                                                                        f"pool worker {POOL}.1"]
+    assert {e["pid"] for e in trace if e.get("cat") == "device"} == {w["pid"] for w in workers}
+    assert any(e.get("cat") == "pool" for e in trace)  # the pool's events, as instants
 
 
 def test_pool_status_shows_each_worker_with_its_calls(cluster, pool):

@@ -10,10 +10,12 @@ arrays under ``policy remote``, residency off, the per-call median printed) runs
 alternately, ``ROUNDS`` times; the ratio is the median of the per-round ratios (the machine is
 shared: a load spike should hit both or neither). ``pool up`` to first call: from the start of
 ``manage.up`` to the first ``ready`` answer on the worker's socket (its torch import and warm-up
-included).
+included). The residency benchmark's power iteration (``_iterative.py``, as in bench_residency.py)
+runs through a pool worker with residency on and off: bytes sent and wall time.
 """
 from __future__ import annotations
 
+import json
 import os
 import socket
 import statistics
@@ -21,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -29,6 +32,7 @@ from fusion_shim import transport  # noqa: E402
 from fusion_shim.pool import NAMESPACE, manage  # noqa: E402
 from fusion_shim.protocol import messages  # noqa: E402
 
+HERE = Path(__file__).parent
 ROUNDS = 5
 SMALL = """
 import statistics, time, numpy as np
@@ -114,3 +118,34 @@ def test_small_calls_through_a_pool_worker_against_the_same_worker_started_direc
     benchmark.extra_info.update(ratio=ratio, pool_us=pool_us, direct_us=direct_us)
     print(f"\n64x64 matmul, per call (median of {ROUNDS} rounds of 200): pool worker {pool_us:.0f} us, "
           f"direct worker {direct_us:.0f} us, ratio {ratio:.3f}")
+
+
+def _iterative(options: list[str], residency: bool) -> dict:
+    """bench_residency's power iteration (a 64 MiB matrix, 100 steps), through ``options``' worker."""
+    report = Path(tempfile.mkdtemp(prefix="fusion-shim-bench-")) / "r.json"
+    env = {**os.environ, "FUSION_SHIM_RESIDENCY": "1" if residency else "0", "FUSION_SHIM_SHM": "0"}
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "fusion_shim", "--quiet", "--policy", "remote", *options,
+                          "--report", str(report), str(HERE / "_iterative.py"), "power", "100"],
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rep = json.loads(report.read_text())
+    return {"wall_s": time.perf_counter() - t, "result": json.loads(out.stdout)["result"],
+            "sent": rep["summary"]["bytes_sent"], "hits": rep["summary"]["residency"]["resident_hits"]}
+
+
+def test_residency_through_a_pool_worker(benchmark, cluster):
+    manage.up(cluster, 1, "cpu", name="bench-res")
+    options = ["--pool", f"ray://{cluster}/bench-res"]
+    try:
+        off = _iterative(options, residency=False)
+        on = benchmark.pedantic(_iterative, args=(options, True), rounds=1, iterations=1)
+    finally:
+        manage.down(cluster, "bench-res")
+    benchmark.extra_info.update(sent_on=on["sent"], sent_off=off["sent"], wall_on_s=on["wall_s"],
+                                wall_off_s=off["wall_s"])
+    print(f"\npower iteration through the pool: sent {on['sent'] / 2**20:.1f} MiB with residency, "
+          f"{off['sent'] / 2**20:.1f} MiB without ({on['hits']} inputs by reference); wall {on['wall_s']:.1f}s vs "
+          f"{off['wall_s']:.1f}s")
+    assert on["result"] == pytest.approx(off["result"], rel=1e-9)
+    assert on["sent"] < off["sent"] / 10

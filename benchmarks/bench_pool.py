@@ -3,9 +3,9 @@ from ``pool up`` to the first ready call.
 
     python -m pytest benchmarks/bench_pool.py --benchmark-only -s
 
-A local Ray cluster (``ray.init``, its node on loopback) with one pool worker on the CPU, and a
-``fusion-shim worker --device cpu --keys DIR`` process on loopback tcp: both CURVE, both torch on
-the CPU of this machine. The same small program (``SMALL``: 200 products of two 64x64 float64
+A local Ray cluster (``ray.init``) with one pool worker on the CPU (bound to the address Ray gives
+this node: this machine's own), and a ``fusion-shim worker --device cpu --keys DIR`` process on
+loopback tcp: both CURVE, both torch on the CPU of this machine. The same small program (``SMALL``: 200 products of two 64x64 float64
 arrays under ``policy remote``, residency off, the per-call median printed) runs through each,
 alternately, ``ROUNDS`` times; the ratio is the median of the per-round ratios (the machine is
 shared: a load spike should hit both or neither). ``pool up`` to first call: from the start of

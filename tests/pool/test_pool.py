@@ -26,7 +26,7 @@ DEADLINE_S = 240.0  # generous: the machine is shared, and a worker imports torc
 
 
 def start_cluster(tries: int = 3) -> None:
-    """A local cluster, its node on loopback (every socket of the tests stays on this machine). Ray
+    """A local cluster on this machine (its workers bind the address Ray gives this node). Ray
     waits a fixed 30 s for its raylet to register, which a loaded 2-core machine can miss: tried again."""
     for attempt in range(tries):
         try:

@@ -55,3 +55,19 @@ def test_an_invalid_pool_address_fails_and_says_what_is_valid(raw):
 def test_a_pool_and_a_worker_list_exclude_each_other():
     with pytest.raises(ConfigError, match="POOL and"):
         Config.load(env={"FUSION_SHIM_POOL": "ray://h:1", "FUSION_SHIM_WORKERS": "tcp://127.0.0.1:5555"})
+
+
+def test_a_pool_address_names_its_cluster_and_its_pool():
+    from fusion_shim.pool import parse
+
+    assert parse("ray://10.0.0.1:6379") == ("10.0.0.1:6379", "default")
+    assert parse("ray://auto/gpus") == ("auto", "gpus")
+
+
+def test_ray_auto_without_a_cluster_on_this_host_says_so(tmp_path, monkeypatch):
+    from fusion_shim.pool import locate
+
+    monkeypatch.setattr(locate, "CURRENT_CLUSTER", str(tmp_path / "missing"))
+    assert "belongs to no Ray cluster" in locate.unreachable("auto")
+    (tmp_path / "missing").write_text("127.0.0.1:1\n")
+    assert "cannot be reached" in locate.unreachable("auto")

@@ -205,3 +205,35 @@ def secure_server(ctx: Any, sock: Any, keys_dir: str) -> Any:
     sock.curve_publickey = public
     sock.curve_server = True
     return auth
+
+
+class AllowList:
+    """An allow-list held in memory, for a worker whose clients' keys arrive at run time (a pool's:
+    :mod:`fusion_shim.pool`). Empty, it accepts no one; ``allow`` adds a client's public key."""
+
+    def __init__(self) -> None:
+        self._keys: set[bytes] = set()
+
+    def allow(self, public: bytes) -> None:
+        if len(public) != 40:
+            raise KeyFileError("a client key must be a 40-character z85 public key")
+        self._keys = self._keys | {public}  # replaced whole: the ZAP thread reads it without a lock
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def callback(self, domain: str, key: bytes) -> bool:  # pyzmq's credentials-provider protocol
+        return key in self._keys
+
+
+def secure_server_with(ctx: Any, sock: Any, public: bytes, secret: bytes, allowed: AllowList) -> Any:
+    """As :func:`secure_server`, with the key pair and the allow-list held in memory."""
+    from zmq.auth.thread import ThreadAuthenticator
+
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve_callback(domain="*", credentials_provider=allowed)
+    sock.curve_secretkey = secret
+    sock.curve_publickey = public
+    sock.curve_server = True
+    return auth

@@ -4,6 +4,7 @@
     python -m fusion_shim [options] -m package.module [args...]
     fusion-shim worker --bind URL [--device auto|cpu|cuda:N] [--keys DIR | --insecure]
     fusion-shim keys DIR [--client NAME ...]
+    fusion-shim pool up|status|down --ray ADDRESS [...]
     fusion-shim report run.json
     fusion-shim config [options] [app.py | DIR]
 
@@ -24,6 +25,7 @@ USAGE = """\
 usage: python -m fusion_shim [options] (app.py | -m module) [args...]
        fusion-shim worker --bind URL [--device auto|cpu|cuda:N] [--keys DIR | --insecure]
        fusion-shim keys DIR [--client NAME ...]
+       fusion-shim pool up|status|down --ray ADDRESS [--workers N] [--name NAME]   (docs/pool.md)
        fusion-shim report run.json [--what-if bandwidth=B,rtt=S,speedup=X] [--trace PATH]
        fusion-shim calibrate        measure this machine's local speed now and cache it
        fusion-shim config [options] [app.py | DIR]   the settings in force there, and where each came from
@@ -32,6 +34,7 @@ options (each also a FUSION_SHIM_* variable and a key of pyproject.toml's [tool.
   --policy auto|local|remote   where calls run (default auto)
   --worker URL                 a running worker (ipc://, tcp://); default: start one in the background
   --workers URL,URL,...        several running workers; each call runs here or on one of them
+  --pool ray://ADDRESS[/NAME]  the workers of a pool on a Ray cluster (fusion-shim pool up)
   --device auto|cpu|cuda:N     device of the embedded worker
   --report PATH                write the report as JSON to PATH
   --trace PATH                 write a Chrome-trace timeline (open it in https://ui.perfetto.dev)
@@ -45,7 +48,7 @@ options (each also a FUSION_SHIM_* variable and a key of pyproject.toml's [tool.
   --server-key PATH            the worker's public key file (a worker serving with --keys)
   --client-keys PATH           this client's .key_secret file (its name in the worker's allow-list)
 """
-RUN_OPTIONS = ("policy", "worker", "workers", "device", "report", "trace", "verify", "timeout", "ready-timeout", "min-flops",
+RUN_OPTIONS = ("policy", "worker", "workers", "pool", "device", "report", "trace", "verify", "timeout", "ready-timeout", "min-flops",
                "server-key", "client-keys")
 RUN_FLAGS = ("quiet", "strict")
 
@@ -112,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         return keys_main(argv[1:])
     if argv[0] == "config":
         return config_main(argv[1:])
+    if argv[0] == "pool":
+        from .pool.command import main as pool_main
+
+        return pool_main(argv[1:])
     from .config import Config, ConfigError, find_project, program_dir
 
     try:

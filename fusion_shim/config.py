@@ -121,6 +121,19 @@ def _worker_urls(name: str, raw: str) -> tuple[str, ...]:
     return urls
 
 
+def _pool(name: str, raw: str) -> str | None:
+    """``ray://ADDRESS[/NAME]``: a pool of workers on a Ray cluster (fusion_shim.pool)."""
+    if not raw.strip():
+        return None
+    from .pool import parse  # no ray: the address is only read
+
+    try:
+        parse(raw.strip())
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+    return raw.strip()
+
+
 def _text(name: str, raw: str) -> str | None:
     return raw or None
 
@@ -156,6 +169,7 @@ class Config:
     policy: str = "auto"          # auto | local | remote
     worker: str | None = None     # URL of a running worker; None: start an embedded one over ipc://
     workers: tuple[str, ...] = () # several running workers (FUSION_SHIM_WORKERS=url,url); replaces worker
+    pool: str | None = None       # ray://ADDRESS[/NAME]: a pool's workers, found through Ray; replaces both
     device: str = "auto"          # device of the embedded worker
     report: str | None = None     # path for the JSON report
     quiet: bool = False           # no summary table on stderr at exit
@@ -249,6 +263,10 @@ def _check_pairs(values: Mapping[str, Any], sources: Mapping[str, str]) -> None:
     if values.get("worker") and values.get("workers"):
         raise ConfigError(f"worker ({sources['worker']}) and workers ({sources['workers']}) are both set; "
                           "valid: one of them (workers takes a comma-separated list)")
+    if values.get("pool") and (values.get("worker") or values.get("workers")):
+        given = sources.get("worker") or sources.get("workers")
+        raise ConfigError(f"pool ({sources['pool']}) and worker(s) ({given}) are both set; valid: one of them "
+                          "(a pool's workers are found through Ray)")
     if bool(values.get("server_key")) != bool(values.get("client_keys")):
         raise ConfigError(f"{PREFIX}SERVER_KEY and {PREFIX}CLIENT_KEYS go together: a CURVE client needs the "
                           "worker's public key and its own key pair")
@@ -338,6 +356,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "policy": _choice(POLICIES),
     "worker": _worker_url,
     "workers": _worker_urls,
+    "pool": _pool,
     "device": _device,
     "report": _text,
     "quiet": _bool,

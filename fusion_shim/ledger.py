@@ -48,6 +48,7 @@ class Record:
     evictions: int = 0            # entries the worker dropped from its store during this call
     shm_sent: int = 0             # input bytes that went through shared memory, not the socket
     shm_received: int = 0         # ... and result bytes that came back that way
+    worker: int | None = None     # the index of the worker that answered it (the trace's device tracks)
 
 
 def call_site(depth: int = 2) -> str:

@@ -236,9 +236,10 @@ class CallPath:
             with self._inflight_lock:
                 link.inflight -= 1
                 link.backlog_s = max(link.backlog_s - (predicted or 0.0), 0.0) if link.inflight else 0.0
-        rec.kind = "worker"
+        rec.kind, rec.worker = "worker", link.index
         rec.wall_s = time.perf_counter() - t0
         link.answered.add((call.op, call.dtype))
+        link.answered_call(rec.bytes_sent + rec.shm_sent, rec.bytes_received + rec.shm_received)
         return Done(value, rec, prep)
 
     def _deadline(self, link: WorkerLink, call: plan.Call, decision: plan.Decision) -> tuple[float, bool]:

@@ -4,7 +4,9 @@ A link's states: ``starting`` (a cold worker: under ``remote`` the first call wa
 ``ready``, ``down`` (a fault: probed again in the background, backing off, while calls run locally),
 ``deferred`` (D40: an embedded CPU worker not started yet), ``stopped``. Each thread and each
 process has its own channel: a forked child opens its own (``Channel.pid``). An embedded worker that
-died is restarted up to ``MAX_RESTARTS`` times.
+died is restarted up to ``MAX_RESTARTS`` times. A pool's worker (``endpoint``, :mod:`fusion_shim.pool`)
+is restarted by Ray: after a fault its link asks ``locate`` where it is now, and a new endpoint is a
+cold worker (its pid differs: the mirror is cleared, inputs are sent again).
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ class WorkerLink:
     """One worker: its process when embedded, its readiness, one channel per thread."""
 
     def __init__(self, config: Config, ledger: Ledger, planner: plan.Planner, url: str | None = None,
-                 index: int = 0):
+                 index: int = 0, endpoint: Any = None, locate: Any = None):
         self.config = config
         self.ledger = ledger
         self.planner = planner
@@ -63,6 +65,10 @@ class WorkerLink:
         self.contended = False    # ... and this process's BLAS may run threads beside it (read for every decision)
         self.mirror = Mirror()  # what this worker is believed to hold: a hint
         self.restarts = 0
+        self.calls = self.calls_since_restart = 0  # answered here, for the report
+        self.bytes_sent = self.bytes_received = 0
+        self.pool: dict[str, Any] | None = None  # a pool worker's name, node, device (locate.Endpoint.info)
+        self._locate = locate  # index -> locate.Endpoint | None: where Ray has this worker now
         self.ready_after_s: float | None = None
         self._local = threading.local()
         self._ids = itertools.count(1)
@@ -71,11 +77,13 @@ class WorkerLink:
         self._probe_gen = 0
         self._failed_probes = 0  # consecutive; sets the back-off and keeps the events short
         self.stopped = False  # after stop(): no restart, no probe (a late thread must not respawn)
-        self._curve = _load_curve(config, self.url, ledger.event)
-        self._own_keys = not config.server_key and _loopback_tcp(self.url)
+        self._curve = endpoint.curve if endpoint is not None else _load_curve(config, self.url, ledger.event)
+        self._own_keys = endpoint is None and not config.server_key and _loopback_tcp(self.url)
+        if endpoint is not None:
+            self.pool = {"name": endpoint.name, **endpoint.info}
         self.lane = shmlane.ClientLane(config.shm, ledger.event)  # same-host shared memory
         _links.add(self)
-        if self.curve is None and not self.embedded and not transport.is_loopback(self.url):
+        if self.curve is None and not self.embedded and not transport.is_loopback(self.url or ""):
             ledger.event(f"connecting to {self.url} without authentication: the worker must run --insecure "
                          "(set FUSION_SHIM_SERVER_KEY and FUSION_SHIM_CLIENT_KEYS for CURVE)")
 
@@ -139,6 +147,8 @@ class WorkerLink:
         ok = retry = False
         chan = None
         try:
+            if self._locate is not None and self.state == "down":
+                self._relocate()
             # its own channel, closed at the end: a probe thread must not leave a socket behind
             chan = self._channel()
             rid = next(self._ids)
@@ -197,6 +207,26 @@ class WorkerLink:
             self._probe()
         elif not ok:
             self._reprobe_later()
+
+    def _relocate(self) -> None:
+        """A pool worker after a fault: where Ray has it now; a new endpoint is its restart."""
+        found = self._locate(self.index)
+        if found is None or (found.url == self.url and found.curve == self._curve):
+            return
+        before = (self.pool or {}).get("pid")
+        self.url, self._curve = found.url, found.curve
+        self.pool = {"name": found.name, **found.info}
+        self.restarts += 1
+        self.calls_since_restart = 0
+        self.ledger.event(f"pool worker {found.name} restarted by Ray (pid {before} -> {found.info.get('pid')}, "
+                          f"node {found.info.get('node')}): now at {self.url}, cold (inputs are sent again)")
+
+    def answered_call(self, sent: int, received: int) -> None:
+        """A call this worker answered, with its bytes each way."""
+        self.calls += 1
+        self.calls_since_restart += 1
+        self.bytes_sent += sent
+        self.bytes_received += received
 
     def _probe_failed(self, exc: Exception) -> None:
         if self.state != "stopped":

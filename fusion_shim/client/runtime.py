@@ -66,7 +66,10 @@ class Runtime:
         self.local_only = config.policy == "local"
         self.export_env = export_env
         self._publish = publish_floors
-        self._urls: list[str | None] = list(config.workers) or [config.worker]  # None: an embedded worker
+        # None: an embedded worker; a pool's URLs are known once it is opened (_open_pool)
+        self._urls: list[str | None] = [] if config.pool else list(config.workers) or [config.worker]
+        self.pool: Any = None  # pool.locate.Pool, once opened
+        self._endpoints: list = []  # its workers (pool.locate.Endpoint), in the links' order
         self._pid = os.getpid()
         # the cells every wrapped function reads, from install on; the planner, once made, keeps them
         self._floor_cells = floor_cells(config.policy)
@@ -105,10 +108,34 @@ class Runtime:
         if self._planner is None:
             with self._made:
                 if self._planner is None:
+                    if self.config.pool:
+                        self._open_pool()
                     t = time.perf_counter()
                     self._planner = self._make_planner(self.config)
                     self.note_startup("planner", time.perf_counter() - t)
         return self._planner
+
+    def _open_pool(self) -> None:
+        """D154: the pool's workers, found through Ray before the planner is made (it is sized by
+        them); a pool that cannot be used leaves the run local, with the reason in one line."""
+        from ..pool.locate import Pool
+
+        t = time.perf_counter()
+        busy, self.guard.busy = getattr(self.guard, "busy", False), True  # Ray's own NumPy calls pass through
+        try:
+            self.pool = Pool(self.config.pool, self.ledger.event)
+            endpoints, why = self.pool.open()
+        finally:
+            self.guard.busy = busy
+        self.note_startup("pool", time.perf_counter() - t)
+        if why is not None:
+            self.ledger.event(f"pool {self.config.pool} not used, every call runs here: {why}")
+            self.local_only = True
+            return
+        self._endpoints = endpoints
+        self._urls = [e.url for e in endpoints]
+        self.ledger.event(f"pool {self.config.pool}: {len(endpoints)} workers found through Ray: " + ", ".join(
+            f"{e.name} on {e.info.get('node')} ({_pool_device(e.info)})" for e in endpoints))
 
     def _make_planner(self, config: Config) -> "Planner":
         from ..catalog import CATALOG, OPERATORS
@@ -154,7 +181,10 @@ class Runtime:
             t = time.perf_counter()
             from .link import WorkerLink
 
-            self._links.extend(WorkerLink(self.config, self.ledger, planner, url, i) for i, url in enumerate(self._urls))
+            endpoints = self._endpoints or [None] * len(self._urls)
+            locate = self.pool.locate if self.pool is not None else None
+            self._links.extend(WorkerLink(self.config, self.ledger, planner, url, i, endpoint, locate)
+                               for i, (url, endpoint) in enumerate(zip(self._urls, endpoints)))
             self._links_made = True
             if self.deferred:
                 first = self._links[0]
@@ -217,7 +247,7 @@ class Runtime:
             link.start()
         if self.config.policy == "auto":  # calibration and floors run there: started off the program's calls
             self._background_thread()
-        if self.export_env and self.link.embedded:
+        if self.export_env and self.link is not None and self.link.embedded:
             os.environ["FUSION_SHIM_WORKER"] = self.link.url
 
     def _gather_evidence(self) -> None:
@@ -417,6 +447,12 @@ class Runtime:
             raise
         self.calls.local_done(got, time.perf_counter() - t, None)
         return result
+
+
+def _pool_device(info: dict) -> str:
+    """A pool worker's device; a GPU Ray accounts for while torch sees none is labelled emulated."""
+    device = str(info.get("device"))
+    return f"{device}, Ray GPU EMULATED" if info.get("gpu_emulated") else device
 
 
 def _remove_dir(path: str) -> None:

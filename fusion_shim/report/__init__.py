@@ -41,6 +41,10 @@ JSON schema ``fusion_shim.report/1`` (a map):
   ``workers`` (url, state, measured link: ``rtt_s``, ``up_bytes_per_s``, ``down_bytes_per_s``;
   ``speed_vs_benchmark``: its real calls' speed over what its self-benchmark said, from the first
   call of ``speed_vs_benchmark_calls`` ops and sizes, which every prediction off its curves follows);
+- ``pool`` (a run with ``--pool``, :mod:`.pool`): its ``url`` and ``workers``, each with its
+  ``name``, ``node``, ``device`` (``gpu_emulated``: a GPU Ray accounts for, no CUDA device behind
+  it), ``url``, ``state``, ``calls``, ``bytes_sent``, ``bytes_received``, ``resident_bytes``,
+  ``restarts`` (by Ray) and ``calls_since_restart``;
 - ``records``: one map per call (``ledger.Record``): at most ``ledger.MAX_PER_SITE`` per site and
   ``ledger.MAX_RECORDS`` in all; ``records_dropped`` counts the rest (they are in the aggregates).
 """
@@ -59,6 +63,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence, TextIO
 from ..config import Config
 from ..ledger import PHASES, Ledger
 from .bottom import added_time, detail, plain_words
+from .pool import pool_lines, pool_section
 
 if TYPE_CHECKING:
     from ..plan import Planner
@@ -76,6 +81,11 @@ class WorkerView(Protocol):
     restarts: int
     info: dict[str, Any]
     index: int
+    pool: dict[str, Any] | None  # a pool worker's name, node, device (report.pool reads these four too)
+    calls: int
+    calls_since_restart: int
+    bytes_sent: int
+    bytes_received: int
 
 
 class RunView(Protocol):
@@ -126,6 +136,9 @@ def build(rt: RunView, ledger: Ledger | None = None) -> dict[str, Any]:
     planner = rt.made_planner()
     if planner is not None and rt.config.policy != "local":
         report["planner"] = planner_section(rt)
+    pool = pool_section(rt.config.pool, links)
+    if pool is not None:
+        report["pool"] = pool
     report["summary"] = summarize(report)
     return report
 
@@ -243,6 +256,7 @@ def format_table(report: dict[str, Any]) -> str:
     ops = report["ops"]
     if not ops:
         lines.append("  no intercepted calls")
+        lines += pool_lines(report.get("pool"), report["events"])
         return "\n".join(lines)
     w = report.get("worker")
     if report["policy"] == "auto" and w is not None and any(o.get("below_floor") for o in ops.values()):
@@ -254,6 +268,7 @@ def format_table(report: dict[str, Any]) -> str:
     lines += _op_table(ops, checks)
     lines += _totals(sm, checks)
     lines += _planner_lines(report.get("planner"))
+    lines += pool_lines(report.get("pool"), report["events"])
     lines += _sites_and_reasons(sm, ops)
     if w is not None and w.get("cpu_start"):
         lines.append(f"  embedded worker (no GPU on this host) {w['cpu_start']}")

@@ -443,13 +443,15 @@ fusion_shim worker: WARNING: serving {url} WITHOUT AUTHENTICATION (--insecure).
 
 
 def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: threading.Event | None = None,
-          keys: str | None = None, insecure: bool = False, ready: threading.Event | None = None,
-          on_request: Any = None) -> None:
+          keys: Any = None, insecure: bool = False, ready: threading.Event | None = None,
+          on_request: Any = None, on_bound: Any = None) -> None:
     """Bind ``url``, warm up, then answer requests until ``stop`` is set or the parent exits.
 
-    ``keys``: a directory from ``fusion-shim keys`` (CURVE, allow-listed clients only). A tcp
-    address without ``keys`` is refused unless ``insecure``. ``ready`` is set once bound;
-    ``on_request`` (tests) is called with every request that reaches the dispatcher."""
+    ``keys``: a directory from ``fusion-shim keys`` (CURVE, allow-listed clients only), or
+    ``(public, secret, auth.AllowList)`` held in memory (a pool's worker). A tcp address without
+    ``keys`` is refused unless ``insecure``. ``ready`` is set once bound; ``on_bound`` is called with
+    the endpoint bound (a ``tcp://host:*`` address names its port there); ``on_request`` (tests) is
+    called with every request that reaches the dispatcher."""
     if check_url(url) == "tcp" and keys is None:  # D68: loopback too, since any local user reaches it
         if not insecure:
             where = ("serve with --keys DIR, or without it to use this user's own keys" if is_loopback(url) else
@@ -467,9 +469,9 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
     sock.setsockopt(zmq.RCVHWM, QUEUED_PER_CONNECTION)
     try:
         if keys is not None:
-            from ..auth import secure_server
+            from ..auth import secure_server, secure_server_with
 
-            auth = secure_server(ctx, sock, keys)
+            auth = secure_server(ctx, sock, keys) if isinstance(keys, str) else secure_server_with(ctx, sock, *keys)
         sock.bind(url)
     except BaseException:
         sock.close(linger=0)
@@ -477,6 +479,8 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
             auth.stop()
         raise
     worker.enable_shm(url)
+    if on_bound is not None:
+        on_bound(sock.getsockopt(zmq.LAST_ENDPOINT).decode())
     if ready is not None:
         ready.set()
     inbox = Inbox(sock, keys is not None)  # D69: bytes waiting, bounded per principal

@@ -17,11 +17,12 @@ PKG = ROOT / "fusion_shim"
 CLIENT = ("fusion_shim.intercept", "fusion_shim.plan", "fusion_shim.runtime", "fusion_shim.client",
           "fusion_shim.report", "fusion_shim.ledger", "fusion_shim.residency", "fusion_shim.linkprobe",
           "fusion_shim.ipython", "fusion_shim.verify", "wrapt")
-WORKER_SIDE = ["worker", "transport", "protocol", "auth.py"]
+WORKER_SIDE = ["worker", "transport", "protocol", "auth.py", "pool/actor.py"]
 WORKER_MODULES = ["fusion_shim.worker.server", "fusion_shim.worker.command", "fusion_shim.worker.backend",
                   "fusion_shim.worker.bench", "fusion_shim.worker.kernels", "fusion_shim.worker.store",
                   "fusion_shim.worker.numba_kernels", "fusion_shim.transport", "fusion_shim.transport.shm_common", "fusion_shim.transport.shm_worker",
-                  "fusion_shim.protocol.wire", "fusion_shim.protocol.fingerprint", "fusion_shim.auth"]
+                  "fusion_shim.protocol.wire", "fusion_shim.protocol.fingerprint", "fusion_shim.auth",
+                  "fusion_shim.pool.actor"]
 
 
 def _client_side(name: str) -> bool:

@@ -1,0 +1,75 @@
+"""A pool's worker: one Ray actor running the ordinary worker (:mod:`fusion_shim.worker.server`) in a
+thread, bound to its node's address on a port of the system's choosing, with CURVE. The worker side:
+it imports nothing of the client side.
+
+Its key pair is made at each start (a restarted actor has a new one and an empty allow-list): the
+clients learn it, and give theirs, through :meth:`PoolWorker.join`, over Ray's authenticated
+channel. A worker serves only the keys it was given (``auth.AllowList``).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+
+class PoolWorker:
+    """The body of a pool actor (``ray.remote`` is applied by :mod:`.manage`)."""
+
+    def __init__(self, name: str, device: str = "auto", memory_budget: int | None = None):
+        import ray
+        import zmq
+
+        from ..auth import AllowList
+        from ..worker.server import Worker, serve
+
+        self.name = name
+        self.node = ray.util.get_node_ip_address()
+        self.gpu_ids = [str(g) for g in ray.get_gpu_ids()]
+        self._public, secret = zmq.curve_keypair()
+        self._allowed = AllowList()
+        self._stop = threading.Event()
+        self._endpoint: str | None = None
+        bound = threading.Event()
+        self._worker = Worker(device, memory_budget)
+
+        def on_bound(endpoint: str) -> None:
+            self._endpoint = endpoint
+
+        self._thread = threading.Thread(
+            target=serve, args=(f"tcp://{self.node}:*", self._worker),
+            kwargs={"keys": (self._public, secret, self._allowed), "stop": self._stop, "ready": bound,
+                    "on_bound": on_bound}, name="fusion-shim-worker", daemon=True)
+        self._thread.start()
+        while not bound.wait(0.05):
+            if not self._thread.is_alive():
+                raise RuntimeError(f"pool worker {name}: the worker exited before binding")
+
+    def join(self, client_public: bytes) -> dict[str, Any]:
+        """Allow ``client_public`` (a 40-character z85 key); returns where and how to reach this worker."""
+        self._allowed.allow(client_public)
+        return self.describe()
+
+    def describe(self) -> dict[str, Any]:
+        info = self._worker.info
+        device = str(info.get("device") or "starting")
+        emulated = bool(self.gpu_ids) and not device.startswith("cuda")
+        return {"name": self.name, "url": self._endpoint, "server_key": self._public, "node": self.node,
+                "pid": os.getpid(), "device": device, "ray_gpus": self.gpu_ids,
+                # a GPU Ray accounted for, while torch sees no CUDA device: a logical GPU (tests, CI)
+                "gpu_emulated": emulated, "state": "ready" if info else "starting",
+                "clients": len(self._allowed)}
+
+    def stats(self) -> dict[str, Any]:
+        """What the pool's status shows: this worker, its calls and bytes (all clients), its resident data."""
+        traffic = list(self._worker.traffic.values())
+        store = self._worker.store
+        return {**self.describe(), "calls": sum(t["calls"] for t in traffic),
+                "bytes_in": sum(t["bytes_in"] for t in traffic), "bytes_out": sum(t["bytes_out"] for t in traffic),
+                "resident_bytes": store.nbytes, "resident_entries": len(store)}
+
+    def close(self) -> bool:
+        """Stop serving and close the socket (``pool down`` does this before it kills the actor)."""
+        self._stop.set()
+        self._thread.join(10)
+        return not self._thread.is_alive()

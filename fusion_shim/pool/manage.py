@@ -1,0 +1,134 @@
+"""``pool up``, ``pool status``, ``pool down``: a pool's actors made, read and removed through Ray.
+
+``up`` is idempotent by name (D153): the actors are named and made with ``get_if_exists``, the
+placement group is named too, so a second ``up`` finds the first pool and makes nothing.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from . import NAMESPACE, actor_name
+from .actor import PoolWorker
+
+MAX_RESTARTS = -1    # Ray restarts a pool worker whenever it dies, until `pool down`
+MAX_TASK_RETRIES = 3  # join, describe and stats are idempotent: retried across a restart
+
+
+def connect(address: str) -> Any:
+    """Join the cluster at ``address`` (``auto``: this host's) as a driver in the pool's namespace.
+    D152: with a token at hand and no mode chosen, the token is presented, as a new local cluster
+    does (a driver joining an existing one does not look for it; the cluster then refuses it)."""
+    import ray
+
+    try:
+        from ray._private.authentication.authentication_token_setup import (
+            maybe_enable_token_auth_if_token_available as use_token)
+    except ImportError:  # a Ray without token authentication
+        use_token = None
+    if use_token is not None and not ray.is_initialized():
+        log = logging.getLogger(use_token.__module__)
+        level, log.level = log.level, logging.ERROR  # its warning is about a cluster it starts, not ours
+        try:
+            use_token(warn_if_disabled=False)
+        finally:
+            log.setLevel(level)
+    if not ray.is_initialized():
+        ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR",
+                 configure_logging=False)
+    return ray
+
+
+def names(ray: Any, pool: str) -> list[str]:
+    """The pool's actor names, in index order."""
+    prefix = pool + "."
+    found = [n["name"] if isinstance(n, dict) else n for n in ray.util.list_named_actors()]
+    return sorted((n for n in found if n.startswith(prefix) and n[len(prefix):].isdigit()),
+                  key=lambda n: int(n[len(prefix):]))
+
+
+def wants_gpu(ray: Any, device: str) -> bool:
+    """A GPU per worker for ``cuda``; for ``auto`` when the cluster has GPUs (logical ones included)."""
+    if device.startswith("cuda"):
+        return True
+    return device == "auto" and ray.cluster_resources().get("GPU", 0) >= 1
+
+
+def up(address: str, workers: int, device: str = "auto", memory_budget: int | None = None,
+       name: str = "default", timeout: float = 300.0) -> tuple[list[dict[str, Any]], bool]:
+    """Bring the pool up (or find it up); returns (each worker's description, whether it was made now)."""
+    ray = connect(address)
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    existing = names(ray, name)
+    if existing:
+        return [ray.get(ray.get_actor(n).describe.remote(), timeout=timeout) for n in existing], False
+    gpu = wants_gpu(ray, device)
+    bundle = {"CPU": 1, "GPU": 1} if gpu else {"CPU": 1}
+    pg = placement_group([bundle] * workers, strategy="SPREAD", name=name, lifetime="detached")
+    ray.get(pg.ready(), timeout=timeout)
+    cls = ray.remote(PoolWorker)
+    handles = [cls.options(name=actor_name(name, i), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+                           max_restarts=MAX_RESTARTS, max_task_retries=MAX_TASK_RETRIES, num_cpus=1,
+                           num_gpus=1 if gpu else 0, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                               pg, placement_group_bundle_index=i)).remote(actor_name(name, i), device, memory_budget)
+               for i in range(workers)]
+    return [ray.get(h.describe.remote(), timeout=timeout) for h in handles], True
+
+
+def status(address: str, name: str = "default", timeout: float = 30.0) -> list[dict[str, Any]]:
+    """Each worker's stats; a worker Ray cannot reach now is listed with its state."""
+    ray = connect(address)
+    rows = []
+    for n in names(ray, name):
+        try:
+            rows.append(ray.get(ray.get_actor(n).stats.remote(), timeout=timeout))
+        except Exception as exc:  # restarting, or its node lost: shown, not raised
+            rows.append({"name": n, "state": f"unreachable ({type(exc).__name__})"})
+    return rows
+
+
+def down(address: str, name: str = "default", timeout: float = 30.0) -> int:
+    """Close and kill the pool's actors (no restart) and remove its placement group; returns how many."""
+    ray = connect(address)
+    from ray.util import placement_group_table, remove_placement_group
+    from ray.util.placement_group import get_placement_group
+
+    killed = names(ray, name)
+    for n in killed:
+        handle = ray.get_actor(n)
+        try:
+            ray.get(handle.close.remote(), timeout=timeout)  # its socket closed before its process goes
+        except Exception:
+            pass  # dead or restarting: the kill below ends it all the same
+        ray.kill(handle, no_restart=True)
+    deadline = time.monotonic() + timeout
+    while names(ray, name) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        pg = get_placement_group(name)
+    except ValueError:
+        return len(killed)
+    if placement_group_table(pg).get("state") != "REMOVED":
+        remove_placement_group(pg)
+    return len(killed)
+
+
+TABLE = ("worker", "node", "device", "state", "calls", "resident bytes")
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """``pool status`` as text: one line per worker."""
+    cells = [TABLE] + [(r["name"], str(r.get("node", "-")), _device(r), str(r.get("state", "-")),
+                        str(r.get("calls", "-")), str(r.get("resident_bytes", "-"))) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(TABLE))]
+    return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(len(TABLE))).rstrip() for c in cells)
+
+
+def _device(row: dict[str, Any]) -> str:
+    device = str(row.get("device", "-"))
+    if row.get("gpu_emulated"):
+        return f"{device} (Ray GPU {','.join(row['ray_gpus'])}: EMULATED, no CUDA device)"
+    return device

@@ -1,0 +1,193 @@
+"""A pool on a real local Ray cluster: one cluster for the module (``xdist_group``: one test process
+runs them all), with two logical GPUs on a machine that may have none (EMULATED: Ray accounts for
+them, torch sees no CUDA device, the workers compute on the CPU)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers.environment import ROOT
+
+ray = pytest.importorskip("ray")
+from fusion_shim.pool import NAMESPACE, manage  # noqa: E402
+from fusion_shim.report.trace import build_trace  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("ray")
+PROGRAM = str(ROOT / "tests" / "pool" / "programs.py")
+POOL = "t"
+DEADLINE_S = 240.0  # generous: the machine is shared, and a worker imports torch when Ray restarts it
+
+
+def start_cluster(tries: int = 3) -> None:
+    """A local cluster on this machine (its workers bind the address Ray gives this node). Ray
+    waits a fixed 30 s for its raylet to register, which a loaded 2-core machine can miss: tried again."""
+    for attempt in range(tries):
+        try:
+            ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=4, num_gpus=2, include_dashboard=False,
+                     namespace=NAMESPACE, log_to_driver=False, object_store_memory=80 << 20, configure_logging=False)
+            return
+        except Exception as exc:
+            if "timed out during startup" not in str(exc) or attempt == tries - 1:
+                raise
+            ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    start_cluster()
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def pool(cluster):
+    rows, made = manage.up(cluster, 2, "auto", name=POOL)
+    assert made
+    # warmed before the programs start: a run shorter than a worker's warm-up would use only the other
+    _wait_for(lambda: all(r["state"] == "ready" for r in manage.status(cluster, POOL)), "both workers warm")
+    try:
+        yield rows
+    finally:
+        manage.down(cluster, POOL)
+
+
+def _shim(address: str, argv: list[str], report: str, timeout: float = DEADLINE_S, **popen) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "fusion_shim", "--policy", "remote", "--pool", f"ray://{address}/{POOL}",
+           "--report", report, "--quiet", PROGRAM, *argv]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
+
+
+def _plain(argv: list[str]) -> str:
+    out = subprocess.run([sys.executable, PROGRAM, *argv], capture_output=True, text=True, timeout=DEADLINE_S)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def _wait_for(predicate, what: str, deadline_s: float = DEADLINE_S):
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        got = predicate()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_pool_up_places_two_workers_on_emulated_gpus_and_a_second_up_makes_none(cluster, pool):
+    assert [r["name"] for r in pool] == [f"{POOL}.0", f"{POOL}.1"]
+    assert sorted(g for r in pool for g in r["ray_gpus"]) == ["0", "1"]  # num_gpus=1 each, one GPU apiece
+    assert all(r["gpu_emulated"] for r in pool)  # no CUDA device behind Ray's GPUs here: labelled
+    again, made = manage.up(cluster, 2, "auto", name=POOL)
+    assert not made and [r["pid"] for r in again] == [r["pid"] for r in pool]
+    assert manage.names(ray, POOL) == [f"{POOL}.0", f"{POOL}.1"]
+
+
+def test_calls_through_the_pool_print_what_plain_python_prints_and_spread_over_both(cluster, pool, tmp_path):
+    report = tmp_path / "r.json"
+    proc = _shim(cluster, ["spread"], str(report))
+    out, err = proc.communicate(timeout=DEADLINE_S)
+    assert proc.returncode == 0, err[-3000:]
+    assert out == _plain(["spread"])
+    workers = json.loads(report.read_text())["pool"]["workers"]
+    assert [w["name"] for w in workers] == [f"{POOL}.0", f"{POOL}.1"]
+    assert all(w["calls"] > 0 for w in workers), (workers, json.loads(report.read_text())["events"])
+    assert all(w["gpu_emulated"] and w["node"] for w in workers)
+    trace = build_trace(json.loads(report.read_text()))["traceEvents"]
+    named = [e["args"]["name"] for e in trace if e["name"] == "process_name"]
+    assert sorted(n.split(" on ")[0] for n in named if n.startswith("pool worker")) == [f"pool worker {POOL}.0",
+                                                                                        f"pool worker {POOL}.1"]
+    assert {e["pid"] for e in trace if e.get("cat") == "device"} == {w["pid"] for w in workers}
+    assert any(e.get("cat") == "pool" for e in trace)  # the pool's events, as instants
+
+
+def test_pool_status_shows_each_worker_with_its_calls(cluster, pool):
+    out = subprocess.run([sys.executable, "-m", "fusion_shim", "pool", "status", "--ray", cluster, "--name", POOL],
+                         capture_output=True, text=True, timeout=DEADLINE_S)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["worker", "node", "device", "state", "calls", "resident", "bytes"]
+    assert [ln.split()[0] for ln in lines[1:]] == [f"{POOL}.0", f"{POOL}.1"]
+    assert all("EMULATED" in ln for ln in lines[1:])
+
+
+def test_a_client_whose_key_was_not_given_gets_no_work_done(cluster, pool):
+    import zmq
+
+    from fusion_shim import transport
+    from fusion_shim.protocol import messages
+
+    actor = ray.get_actor(f"{POOL}.1")
+    before = ray.get(actor.stats.remote(), timeout=60)
+    public, secret = zmq.curve_keypair()
+    chan = transport.Channel(before["url"], (before["server_key"], public, secret), None, None)
+    try:
+        with pytest.raises(transport.TransportError):
+            chan.request(messages.hello(1), time.monotonic() + 3, None)
+    finally:
+        chan.close()
+    assert ray.get(actor.stats.remote(), timeout=60)["calls"] == before["calls"]
+    ray.get(actor.join.remote(public), timeout=60)  # the same key, given through Ray: served
+    chan = transport.Channel(before["url"], (before["server_key"], public, secret), None, None)
+    try:
+        assert chan.request(messages.hello(2), time.monotonic() + 60, None).header["t"] == "ready"
+    finally:
+        chan.close()
+
+
+def test_a_worker_killed_mid_run_is_restarted_by_ray_and_used_again_with_every_answer_right(cluster, pool,
+                                                                                           tmp_path):
+    report = tmp_path / "r.json"
+    progress = tmp_path / "progress"
+    proc = _shim(cluster, ["until_stopped", str(tmp_path)], str(report))
+    try:
+        _wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 2, "the first rounds")
+        actor = ray.get_actor(f"{POOL}.0")
+        old = ray.get(actor.describe.remote(), timeout=60)
+        os.kill(old["pid"], signal.SIGKILL)
+
+        def served_again():
+            now = ray.get(actor.stats.remote(), timeout=120)
+            return now["pid"] != old["pid"] and now["calls"] > 0
+
+        _wait_for(served_again, "calls on the restarted worker")
+        (tmp_path / "stop").write_text("")
+        out, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    rounds = len(out.splitlines())
+    (tmp_path / "plain").mkdir()
+    assert out == _plain(["until_stopped", str(tmp_path / "plain"), "--rounds", str(rounds)])
+    rep = json.loads(report.read_text())
+    killed = rep["pool"]["workers"][0]
+    assert killed["restarts"] >= 1 and killed["calls_since_restart"] > 0, killed
+    assert any(f"pool worker {POOL}.0 restarted by Ray" in e["what"] for e in rep["events"]), rep["events"]
+
+
+def test_pool_down_leaves_no_actor_process_or_socket(cluster):
+    rows, made = manage.up(cluster, 1, "cpu", name="d")
+    assert made and not rows[0]["ray_gpus"]
+    host, port = rows[0]["url"].removeprefix("tcp://").rsplit(":", 1)
+    assert manage.down(cluster, "d") == 1
+    assert manage.names(ray, "d") == []
+    _wait_for(lambda: not _pid_alive(rows[0]["pid"]), "the worker's process to end")
+    with pytest.raises(OSError):
+        socket.create_connection((host, int(port)), timeout=5).close()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

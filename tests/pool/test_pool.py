@@ -1,6 +1,6 @@
-"""A pool on a real local Ray cluster: one cluster for the module (``xdist_group``: one test process
-runs them all), with two logical GPUs on a machine that may have none (EMULATED: Ray accounts for
-them, torch sees no CUDA device, the workers compute on the CPU)."""
+"""A pool on a real local Ray cluster: one cluster for the module, which one test process runs whole
+(the suite runs `--dist loadfile`, D160), with two logical GPUs on a machine that may have none
+(EMULATED: Ray accounts for them, torch sees no CUDA device, the workers compute on the CPU)."""
 from __future__ import annotations
 
 import json
@@ -19,7 +19,6 @@ ray = pytest.importorskip("ray")
 from fusion_shim.pool import NAMESPACE, manage  # noqa: E402
 from fusion_shim.report.trace import build_trace  # noqa: E402
 
-pytestmark = pytest.mark.xdist_group("ray")
 PROGRAM = str(ROOT / "tests" / "pool" / "programs.py")
 POOL = "t"
 DEADLINE_S = 240.0  # generous: the machine is shared, and a worker imports torch when Ray restarts it

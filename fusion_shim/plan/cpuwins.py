@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 from typing import NamedTuple
 
+from .margins import first_call_margin
+
 
 class CpuWin(NamedTuple):
     """An op a CPU torch worker won against NumPy at every measured size from ``from_bytes`` of input
@@ -26,18 +28,24 @@ CPU_WINS: tuple[CpuWin, ...] = (
     CpuWin("numpy.fft.ifft2", 16_777_216, 1.2),
     CpuWin("numpy.fft.fftn", 4_194_304, 1.8),
 )
-MIN_SPEEDUP = 1.2  # D101: below it the margin the planner asks for (D1) would keep the calls here anyway
+MIN_SPEEDUP = 1.2  # D101: what a row had to win by in every run to be listed (D40 asks more of it to count)
 START_COST_S = 3.2  # D40: what the embedded worker's start cost a program it then did nothing for
 
 
 class CpuEvidence:
     """What the program's calls of ``wins`` ops, at their sizes, would have saved on a CPU worker:
     each call's measured time here times (1 - 1/speedup). :meth:`observe` says when the sum first
-    reaches ``start_cost_s``, once, whichever of the program's threads calls it."""
+    reaches ``start_cost_s``, once, whichever of the program's threads calls it. D40: only an op
+    won by more than ``margin`` counts, the least speedup for which the planner gives a worker on
+    this host's CPUs an op's first call: a worker that wins by less would be started and given none."""
 
-    def __init__(self, wins: tuple[CpuWin, ...] = CPU_WINS, start_cost_s: float = START_COST_S):
-        self.wins = {w.op: w for w in wins}
-        self.start_cost_s = start_cost_s
+    def __init__(self, wins: tuple[CpuWin, ...] | None = None, start_cost_s: float | None = None,
+                 margin: float | None = None):
+        wins = CPU_WINS if wins is None else wins
+        self.margin = first_call_margin(shared_cpus=True) if margin is None else margin
+        self.wins = {w.op: w for w in wins if w.speedup > self.margin}
+        self.best = max(wins, key=lambda w: w.speedup, default=None)  # said when none is enough
+        self.start_cost_s = START_COST_S if start_cost_s is None else start_cost_s
         self.saving_s = 0.0   # what the calls seen would have saved there
         self.seen_s = 0.0     # their time here
         self.calls: dict[str, int] = {}
@@ -64,6 +72,11 @@ class CpuEvidence:
 
     def describe(self) -> str:
         """The evidence in words, for the report."""
+        if not self.wins:
+            best = (f"; the best measured, {self.best.op.removeprefix('numpy.')}, x{self.best.speedup:g}"
+                    if self.best is not None else "")
+            return (f"no op a CPU worker wins here by the x{self.margin:.2f} the planner asks of a worker "
+                    f"on this host's CPUs before its first call{best}")
         if not self.calls:
             return (f"no call of an op a CPU worker wins here reached its size (they are "
                     f"{', '.join(sorted(op.removeprefix('numpy.') for op in self.wins))})")

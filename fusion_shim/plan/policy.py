@@ -30,17 +30,13 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .cells import NEVER
+from .margins import MIN_LOG_MARGIN, SIGMA_SHARED_CPUS, Z, Z_PRIOR
 from .model import SIGMA_PRIOR, Profile
 
-Z = 1.0                  # margin in sigmas of the difference of the two predictions' logs
-Z_PRIOR = 2.0            # D84: the same where one side is only a static prior (no curve, no sample)
 Z_EXPLORE = 2.0          # "could plausibly win": optimistic by this many sigmas
 Z_EXPLORE_COST = 1.0     # D85: what an exploration could cost, pessimistic by this many sigmas
-# D86: added to the margin of an op not yet run (drift unmeasured) on a worker sharing the BLAS's CPUs
-SIGMA_SHARED_CPUS = 1.0
 # D87: an exploration on a contended worker is waited for: priced at its worst seen (30x)
 SIGMA_SHARED_CPUS_EXPLORE = math.log(30.0)
-MIN_LOG_MARGIN = 0.02    # never offload on a predicted gain under 2%
 EXPLORE_SAMPLES = 2      # a place with fewer samples than this for the call's size may be explored
 CANDIDATE_STATES = ("ready", "busy")
 

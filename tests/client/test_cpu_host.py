@@ -8,6 +8,7 @@ SIMULATED no GPU: ``CUDA_VISIBLE_DEVICES=-1`` (which ``embedded.gpu_visible`` ho
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -77,7 +78,7 @@ def test_a_program_whose_calls_stay_below_every_floor_never_starts_the_worker_on
     assert out["children"] == [] and out["calls"] > 0
     rep = json.loads(report.read_text())
     assert rep["worker"]["state"] == "deferred" and rep["worker"]["ready_after_s"] is None
-    assert rep["worker"]["cpu_start"].startswith("not started: no call of an op a CPU worker wins here")
+    assert rep["worker"]["cpu_start"].startswith("not started: no ")
     assert not any("starting the embedded worker" in e["what"] for e in rep["events"])
     below = sum(o.get("below_floor", 0) for o in rep["ops"].values())
     assert below == 3 * out["calls"]  # every call one size comparison, none through the slow path
@@ -85,13 +86,15 @@ def test_a_program_whose_calls_stay_below_every_floor_never_starts_the_worker_on
 
 def test_enough_winnable_work_starts_the_worker_and_the_report_says_on_what_evidence(monkeypatch):
     """Large fft calls: each one computed here is evidence; once they would have saved the worker's
-    start, it starts (TEST SETTING: a start cost of 0.05 s, so that a few calls are enough;
-    SIMULATED no GPU)."""
+    start, it starts (TEST SETTINGS: a start cost of 0.05 s, so that a few calls are enough, and
+    fft won 4x, past the planner's first-call margin; SIMULATED no GPU)."""
     from fusion_shim.client import embedded
 
     monkeypatch.setattr(embedded, "gpu_visible", lambda: False)
     monkeypatch.setattr("fusion_shim.plan.cpuwins.START_COST_S", 0.05)
-    fft = next(w for w in CPU_WINS if w.op == "numpy.fft.fft")
+    measured = next(w for w in CPU_WINS if w.op == "numpy.fft.fft")
+    fft = CpuWin(measured.op, measured.from_bytes, 4.0)  # TEST SETTING: a win past the first-call margin
+    monkeypatch.setattr("fusion_shim.plan.cpuwins.CPU_WINS", (fft,))
     rt = fusion_shim.install(policy="auto", quiet=True)
     try:
         assert rt.deferred and rt.floor_cell("numpy.fft.fft")[0] == fft.from_bytes
@@ -116,13 +119,41 @@ def test_enough_winnable_work_starts_the_worker_and_the_report_says_on_what_evid
         fusion_shim.uninstall()
 
 
+def test_a_win_the_planner_would_not_act_on_is_no_evidence_and_the_report_says_so(monkeypatch):
+    """D40: a worker on this host's CPUs gets an op's first call only for a predicted win past
+    first_call_margin (the D86 uncertainty added); a smaller win would start a worker given nothing.
+    With the measured table none is that large here: the floors stay NEVER and nothing starts."""
+    from fusion_shim.client import embedded
+    from fusion_shim.plan import policy
+    from fusion_shim.plan.margins import first_call_margin
+
+    margin = first_call_margin(shared_cpus=True)
+    assert margin == pytest.approx(math.exp(policy.Z * policy.SIGMA_SHARED_CPUS + policy.MIN_LOG_MARGIN))
+    ev = CpuEvidence((CpuWin("numpy.fft.fft", 1000, margin * 0.99), CpuWin("numpy.fft.ifft", 1000, margin * 1.01)),
+                     start_cost_s=0.1)
+    assert ev.floors() == {"numpy.fft.ifft": 1000}
+    assert not ev.observe("numpy.fft.fft", 10**6, 100.0) and ev.saving_s == 0.0
+    assert ev.observe("numpy.fft.ifft", 10**6, 100.0)
+    none = CpuEvidence((CpuWin("numpy.fft.fft", 1000, 1.6),))
+    assert none.floors() == {} and "x1.6" in none.describe() and f"x{margin:.2f}" in none.describe()
+    if max(w.speedup for w in CPU_WINS) <= margin:  # the table measured here
+        monkeypatch.setattr(embedded, "gpu_visible", lambda: False)
+        rt = fusion_shim.install(policy="auto", quiet=True)
+        try:
+            assert rt.deferred and rt.floor_bytes == NEVER
+            assert all(rt.floor_cell(w.op)[0] == NEVER for w in CPU_WINS)
+            assert fusion_shim.report()["worker"]["cpu_start"].startswith("not started: no op a CPU worker wins")
+        finally:
+            fusion_shim.uninstall()
+
+
 def test_calls_below_an_ops_win_size_or_of_an_op_no_cpu_worker_wins_are_no_evidence():
-    ev = CpuEvidence((CpuWin("numpy.fft.fft", 1000, 2.0),), start_cost_s=1.0)
+    ev = CpuEvidence((CpuWin("numpy.fft.fft", 1000, 4.0),), start_cost_s=1.0)
     assert not ev.observe("numpy.fft.fft", 999, 10.0)
     assert not ev.observe("numpy.matmul", 10**9, 10.0)
     assert ev.calls == {} and ev.saving_s == 0.0
-    assert not ev.observe("numpy.fft.fft", 1000, 1.5)  # saves 0.75 s there
-    assert ev.observe("numpy.fft.fft", 1000, 0.5)      # 1.0 s: enough, said once
+    assert not ev.observe("numpy.fft.fft", 1000, 1.0)  # saves 0.75 s there
+    assert ev.observe("numpy.fft.fft", 1000, 1.0 / 3)  # 1.0 s: enough, said once
     assert not ev.observe("numpy.fft.fft", 1000, 5.0)
     assert ev.calls == {"numpy.fft.fft": 2} and ev.saving_s == pytest.approx(1.0)
 

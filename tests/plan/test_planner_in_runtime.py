@@ -675,14 +675,14 @@ def test_without_a_gpu_the_embedded_worker_waits_and_ops_no_cpu_worker_wins_cost
     says why the worker has not started."""
     from fusion_shim.client import embedded
     from fusion_shim.intercept import native
-    from fusion_shim.plan.cpuwins import CPU_WINS
+    from fusion_shim.plan.cpuwins import CpuEvidence
 
     monkeypatch.setattr(embedded, "gpu_visible", lambda: False)
     rt = fusion_shim.install(policy="auto", quiet=True)
     try:
         assert rt.link.state == "deferred" and rt.link.proc is None
         assert rt.floor_cell("numpy.linalg.solve")[0] == NEVER
-        assert rt.floor_bytes == min(w.from_bytes for w in CPU_WINS)
+        assert rt.floor_bytes == min(CpuEvidence().floors().values(), default=NEVER)
         if native.available():
             assert native._native.get_floor() == rt.floor_bytes
         a = RNG.standard_normal((300, 300))

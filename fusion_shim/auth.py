@@ -201,10 +201,7 @@ def secure_server(ctx: Any, sock: Any, keys_dir: str) -> Any:
     auth = ThreadAuthenticator(ctx)
     auth.start()
     auth.configure_curve(domain="*", location=allowed)
-    sock.curve_secretkey = secret
-    sock.curve_publickey = public
-    sock.curve_server = True
-    return auth
+    return _curve_server(auth, sock, public, secret)
 
 
 class AllowList:
@@ -233,6 +230,11 @@ def secure_server_with(ctx: Any, sock: Any, public: bytes, secret: bytes, allowe
     auth = ThreadAuthenticator(ctx)
     auth.start()
     auth.configure_curve_callback(domain="*", credentials_provider=allowed)
+    return _curve_server(auth, sock, public, secret)
+
+
+def _curve_server(auth: Any, sock: Any, public: bytes, secret: bytes) -> Any:
+    """``sock`` serves CURVE with this key pair, its clients checked by ``auth`` (already started)."""
     sock.curve_secretkey = secret
     sock.curve_publickey = public
     sock.curve_server = True

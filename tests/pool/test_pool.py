@@ -143,9 +143,9 @@ def test_a_client_whose_key_was_not_given_gets_no_work_done(cluster, pool):
 
 
 def test_a_worker_killed_mid_run_is_restarted_by_ray_with_every_answer_right(cluster, pool, tmp_path):
-    """Not asserted: that the restarted worker takes calls again before the run ends. Under
-    ``remote`` the surviving worker holds the inputs and may take every call; one run in four here
-    gave the restarted one none within 240 s."""
+    """The run goes on until the restarted actor has served one of its calls: waited for on the
+    worker's own count through Ray, not for a number of rounds (its warm-up after a restart takes
+    from seconds to minutes on a loaded machine)."""
     report = tmp_path / "r.json"
     progress = tmp_path / "progress"
     proc = _shim(cluster, ["until_stopped", str(tmp_path)], str(report))
@@ -156,9 +156,10 @@ def test_a_worker_killed_mid_run_is_restarted_by_ray_with_every_answer_right(clu
         os.kill(old["pid"], signal.SIGKILL)
 
         _wait_for(lambda: ray.get(actor.stats.remote(), timeout=120)["pid"] != old["pid"], "Ray's restart")
+        # the client relocates on its next probe (backing off to 5 s) and sends once the worker is warm
+        _wait_for(lambda: ray.get(actor.stats.remote(), timeout=120)["calls"] > 0, "a call on the restarted worker")
         done = int(progress.read_text() or 0)
-        # rounds, not seconds: the client relocates on its next probe (backing off to 5 s)
-        _wait_for(lambda: int(progress.read_text() or 0) >= done + 100, "rounds after the restart")
+        _wait_for(lambda: int(progress.read_text() or 0) >= done + 2, "rounds after it")
         (tmp_path / "stop").write_text("")
         out, err = proc.communicate(timeout=DEADLINE_S)
     finally:
@@ -170,7 +171,7 @@ def test_a_worker_killed_mid_run_is_restarted_by_ray_with_every_answer_right(clu
     assert out == _plain(["until_stopped", str(tmp_path / "plain"), "--rounds", str(rounds)])
     rep = json.loads(report.read_text())
     killed = rep["pool"]["workers"][0]
-    assert killed["restarts"] >= 1, killed
+    assert killed["restarts"] >= 1 and killed["calls_since_restart"] > 0, killed
     assert any(f"pool worker {POOL}.0 restarted by Ray" in e["what"] for e in rep["events"]), rep["events"]
 
 

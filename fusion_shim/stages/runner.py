@@ -19,6 +19,12 @@ _runners: "weakref.WeakKeyDictionary[Any, Runner]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
+def existing(rt: Any) -> "Runner | None":
+    """The run's runner if a stage was called (the report reads it)."""
+    with _lock:
+        return _runners.get(rt)
+
+
 def runner_of(rt: Any) -> "Runner":
     with _lock:
         runner = _runners.get(rt)

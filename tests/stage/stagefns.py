@@ -72,3 +72,14 @@ def differs_elsewhere(pid, a):
 
 def where(pid):
     return "here" if os.getpid() == pid else "worker"
+
+
+def slow_here(pid, a):
+    if os.getpid() == pid:
+        time.sleep(0.2)
+    return a * 2
+
+
+def slow_elsewhere(pid, a):
+    time.sleep(0.05 if os.getpid() == pid else 0.3)
+    return a * 2

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from .. import transport
+from ..errors import FallbackError
 from ..ledger import Record, call_site
 from .decide import Decider, Measured, array_bytes, shape_key
 from .state import Raised, depth as _depth
@@ -71,6 +72,10 @@ class Runner:
                 if isinstance(value, Raised):
                     raise value.exc
                 return value
+            if self.config.strict:  # a fallback is an error in strict mode, as for calls
+                rec.wall_s = time.perf_counter() - t
+                self.rt.ledger.add(rec)
+                raise FallbackError(f"stage {stage.name} at {rec.site} would run here: {rec.reason}")
         return self._local(stage, key, args, kwargs, rec, t)
 
     def _link(self) -> Any:

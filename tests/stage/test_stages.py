@@ -171,3 +171,39 @@ def test_verify_passes_a_stage_whose_answers_agree(code_worker):
     C = np.zeros(8)
     stagefns.fill(C, 5.0)
     assert (C == 5.0).all() and _last(rt, "fill").verify == "ok"
+
+
+def test_a_curve_client_on_the_allow_list_runs_code(tmp_path):
+    import socket
+
+    from fusion_shim import auth
+    from tests.stage.conftest import NumpyBackend, _matmul
+
+    from fusion_shim.worker.server import Worker, serve_in_thread
+
+    keys = tmp_path / "keys"
+    auth.make_keys(str(keys), ["alice"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    worker = Worker(backend=NumpyBackend(), kernels={"matmul": _matmul}, max_bytes=1 << 30, allow_code="any")
+    thread, stop = serve_in_thread(url, worker=worker, keys=str(keys))
+    try:
+        rt = install(url, stages=_stages("where"), server_key=str(keys / "server.key"),
+                     client_keys=str(keys / "alice.key_secret"))
+        assert stagefns.where(os.getpid()) == "worker"
+        assert _last(rt, "where").kind == "worker"
+    finally:
+        import fusion_shim
+
+        fusion_shim.uninstall()
+        stop.set()
+        thread.join(10)
+
+
+def test_strict_mode_raises_where_a_stage_would_fall_back(plain_worker):
+    from fusion_shim import FallbackError
+
+    install(plain_worker[0], stages=_stages("where"), strict=True)
+    with pytest.raises(FallbackError, match="allow-code"):
+        stagefns.where(os.getpid())

@@ -241,17 +241,18 @@ class Link:
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.PIPE, start_new_session=True)
 
-    def wait_ready(self, timeout: float = 120.0) -> None:
-        """Until the worker answers hello (it answers once warm)."""
+    def wait_ready(self, timeout: float = 120.0, curve: tuple | None = None) -> None:
+        """Until the worker answers hello (it answers once warm); ``curve``: the client's keys for a
+        worker served with FS_LINKEMU_KEYS."""
         sys.path.insert(0, ROOT)
         from fusion_shim import transport
         from fusion_shim.protocol import messages
 
         deadline = time.monotonic() + timeout
         while True:
-            chan = transport.Channel(self.url)
+            chan = transport.Channel(self.url, curve)
             try:
-                chan.request(messages.hello(1), deadline, lambda: self.proc.poll() is None)
+                header = chan.request(messages.hello(1), deadline, lambda: self.proc.poll() is None).header
                 break
             except transport.TransportError as exc:
                 # the delaying proxy closes a connection it cannot pass on yet (the worker is still
@@ -265,7 +266,7 @@ class Link:
                 chan.close()
         assert header["t"] == "ready", header
 
-    def measure(self) -> dict:
+    def measure(self, curve: tuple | None = None) -> dict:
         """The condition as the runtime sees it: its own link probe, best of three."""
         from fusion_shim import transport
         from fusion_shim.client import linkprobe
@@ -273,7 +274,7 @@ class Link:
         best = None
         ids = iter(range(100, 10**6))
         for _ in range(3):
-            chan = transport.Channel(self.url)
+            chan = transport.Channel(self.url, curve)
             try:
                 rtt, up, down, why = linkprobe.measure(chan, lambda: next(ids), None, 60.0)
             finally:
@@ -308,7 +309,10 @@ def serve_main(url: str, device: str) -> None:
     """TEST HARNESS ONLY: a worker on an address inside a namespace this harness created."""
     from fusion_shim.worker.server import Worker, serve
 
-    serve(url, Worker(device), insecure=True)  # labelled: an address inside the harness's own namespace
+    keys = os.environ.get("FS_LINKEMU_KEYS")  # CURVE, for what needs an authenticated client (stages)
+    allow_code = "any" if os.environ.get("FS_LINKEMU_ALLOW_CODE") == "1" else None
+    # labelled: an address inside the harness's own namespace
+    serve(url, Worker(device, allow_code=allow_code), keys=keys, insecure=keys is None)
 
 
 def main(argv: list[str]) -> int:

@@ -19,10 +19,11 @@ import sys
 import time
 
 __version__ = "0.1.0"
-__all__ = ["Config", "ConfigError", "FallbackError", "active", "install", "report", "uninstall", "__version__"]
+__all__ = ["Config", "ConfigError", "FallbackError", "active", "install", "report", "stage", "uninstall",
+           "__version__"]
 
 _LAZY = {"active": "intercept", "install": "intercept", "uninstall": "intercept",  # a worker never needs these
-         "Config": "config", "ConfigError": "config", "FallbackError": "errors"}
+         "Config": "config", "ConfigError": "config", "FallbackError": "errors", "stage": "stages"}
 
 
 def __getattr__(name):

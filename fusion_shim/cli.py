@@ -47,9 +47,10 @@ options (each also a FUSION_SHIM_* variable and a key of pyproject.toml's [tool.
   --strict                     raise FallbackError where a call would fall back to local
   --server-key PATH            the worker's public key file (a worker serving with --keys)
   --client-keys PATH           this client's .key_secret file (its name in the worker's allow-list)
+  --stage MODULE:QUALNAME      run that function whole on the worker when it pays (repeatable; docs/stages.md)
 """
 RUN_OPTIONS = ("policy", "worker", "workers", "pool", "device", "report", "trace", "verify", "timeout", "ready-timeout", "min-flops",
-               "server-key", "client-keys")
+               "server-key", "client-keys", "stage")
 RUN_FLAGS = ("quiet", "strict")
 
 
@@ -90,7 +91,10 @@ def parse_run(argv: list[str], need_program: bool = True) -> tuple[dict[str, Any
                 raise UsageError(f"{arg} needs a value")
             value = argv[i + 1]
             i += 1
-        settings[name.replace("-", "_")] = value
+        if name == "stage":  # repeatable: the specs add up
+            settings["stages"] = ",".join(filter(None, (settings.get("stages"), value)))
+        else:
+            settings[name.replace("-", "_")] = value
         i += 1
     if i >= len(argv):
         if need_program:
@@ -201,7 +205,7 @@ def run_program(config: Any, script: str | None, module: str | None, args: list[
         if code is None:
             return 1
     else:
-        code, main_mod, argv0 = _load_script(script)
+        code, main_mod, argv0 = _load_script(script, config.stages)
         if code is None:
             return 2
     sys.argv = [argv0, *args]
@@ -233,7 +237,7 @@ def run_program(config: Any, script: str | None, module: str | None, args: list[
     return 0
 
 
-def _load_script(path: str) -> tuple[Any, types.ModuleType | None, str]:
+def _load_script(path: str, stages: tuple[str, ...] = ()) -> tuple[Any, types.ModuleType | None, str]:
     try:
         with open(path, "rb") as f:
             source = f.read()
@@ -242,14 +246,32 @@ def _load_script(path: str) -> tuple[Any, types.ModuleType | None, str]:
               file=sys.stderr)
         return None, None, path
     full = os.path.abspath(path)
-    code = compile(source, full, "exec", dont_inherit=True)
+    marked = _main_stages(stages, path)
+    if marked:  # its marked functions get a decorator in the syntax tree (docs/stages.md)
+        from .stages.mark import compile_main
+
+        code = compile_main(source, full, marked)
+    else:
+        code = compile(source, full, "exec", dont_inherit=True)
     main_mod = types.ModuleType("__main__")
+    if marked:
+        from .stages.mark import main_globals
+
+        main_mod.__dict__.update(main_globals())
     main_mod.__file__ = full
     main_mod.__builtins__ = builtins
     main_mod.__loader__ = None
     main_mod.__spec__ = None
     sys.path[0] = os.path.dirname(os.path.realpath(path))
     return code, main_mod, path
+
+
+def _main_stages(stages: tuple[str, ...], script: str) -> set[str]:
+    if not stages:
+        return set()
+    from .stages.mark import main_qualnames
+
+    return main_qualnames(stages, script)
 
 
 def _load_module(name: str) -> tuple[Any, types.ModuleType | None, str]:

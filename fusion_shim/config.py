@@ -121,6 +121,18 @@ def _worker_urls(name: str, raw: str) -> tuple[str, ...]:
     return urls
 
 
+def _stages(name: str, raw: str) -> tuple[str, ...]:
+    """Comma-separated ``MODULE:QUALNAME`` functions to run as stages."""
+    specs = tuple(p.strip() for p in raw.split(",") if p.strip())
+    for spec in specs:
+        module, colon, qualname = spec.partition(":")
+        parts = [*module.split("."), *qualname.split(".")]
+        if not colon or not all(p.isidentifier() for p in parts):
+            raise ConfigError(f"{name}={raw!r}: {spec!r} is invalid; valid: MODULE:QUALNAME (app:step, "
+                              "pkg.mod:Class.method, __main__:step), separated by commas")
+    return tuple(dict.fromkeys(specs))
+
+
 def _pool(name: str, raw: str) -> str | None:
     """``ray://ADDRESS[/NAME]``: a pool of workers on a Ray cluster (fusion_shim.pool)."""
     if not raw.strip():
@@ -187,6 +199,7 @@ class Config:
     server_key: str | None = None   # path: the worker's CURVE public key (a worker run with --keys)
     client_keys: str | None = None  # path: this client's CURVE key pair; both or neither
     worker_uid: int | None = None   # an ipc:// worker may also run as this uid (besides this user and root)
+    stages: tuple[str, ...] = ()    # MODULE:QUALNAME functions run whole on a worker (docs/stages.md)
 
     def replace(self, **changes: Any) -> "Config":
         return dataclasses.replace(self, **changes)
@@ -253,8 +266,8 @@ def _from_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"unknown setting {field!r}; valid: {', '.join(_PARSERS)}")
         if isinstance(value, str) and field not in ("report", "trace"):
             value = _PARSERS[field](f"--{field.replace('_', '-')}", value)
-        elif field == "workers":
-            value = _worker_urls("workers", ",".join(value))
+        elif field in ("workers", "stages") and not isinstance(value, str):
+            value = _PARSERS[field](field, ",".join(value))
         values[field] = value
     return values
 
@@ -299,7 +312,7 @@ def _toml_text(where: str, field: str, raw: Any) -> str:
         return "1" if raw else "0"
     if isinstance(raw, (int, float, str)):
         return str(raw)
-    if field == "workers" and isinstance(raw, list) and all(isinstance(u, str) for u in raw):
+    if field in ("workers", "stages") and isinstance(raw, list) and all(isinstance(u, str) for u in raw):
         return ",".join(raw)
     raise ConfigError(f"{where} = {raw!r}: not a string, number or boolean")
 
@@ -372,4 +385,5 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "server_key": _server_key,
     "client_keys": _client_keys,
     "worker_uid": _uid,
+    "stages": _stages,
 }

@@ -57,6 +57,7 @@ class _Installation:
         self.patched_triggers: set[str] = set()
         self.later: list[tuple[str, Callable]] = []  # (module, hook): rows wrapped when it is imported
         self.fast_calls: dict[str, list] = {}  # op name -> its C fast paths, which hold its floor
+        self.stage_marks: Any = None  # the stages' post-import hooks (docs/stages.md), undone at uninstall
 
     def publish_floors(self, floor_bytes: int, floors: dict[str, int], operators: "tuple | None") -> None:
         """The runtime's planner refreshed floors: the C fast path holds the smallest, each wrapped
@@ -100,6 +101,10 @@ def install(config: Config | None = None, *, export_env: bool = False,
         inst = _installed = _Installation(config, export_env)
         for name in TRIGGERS:  # each runs now if its module is already imported, else right after it is
             _hooks.when_imported(name, _on_numpy if name == "numpy" else _on_library)
+        if config.stages:
+            from ..stages.mark import Marks
+
+            inst.stage_marks = Marks(config.stages, _event)
         return inst.runtime or inst
 
 
@@ -116,8 +121,16 @@ def uninstall() -> None:
         if inst is not None:
             for module, attr, original in reversed(inst.patches):
                 setattr(module, attr, original)
+            if inst.stage_marks is not None:
+                inst.stage_marks.undo()
     if inst is not None and inst.runtime is not None:
         inst.runtime.shutdown()
+
+
+def _event(text: str) -> None:
+    rt = active()
+    if rt is not None:
+        rt.ledger.event(text)
 
 
 def note_startup(phase: str, seconds: float) -> None:

@@ -131,3 +131,44 @@ def read_timing(reply: dict) -> Timing:
     return Timing(phases, fingerprint, bool(timing.get("oom_retry")), frozenset(reply.get("kept") or ()),
                   tuple(reply.get("evicted") or ()),
                   tuple(m["fp"] if isinstance(m, dict) and m.get("fp") else None for m in metas), tuple(rejected))
+
+
+# --- stages (opt-in: docs/stages.md) --------------------------------------------------------------------
+
+def stage_header(rid: int, fn: dict | None, versions: dict, deadline_s: float) -> dict:
+    """The header of a ``stage`` request: the function by reference (``fn``) or by value (None)."""
+    return {"t": "stage", "id": rid, "fn": fn, "versions": versions, "deadline_s": float(deadline_s)}
+
+
+def stage_result(rid: int, payload: np.ndarray, results: Sequence[np.ndarray], changed: Sequence[int],
+                 changed_arrays: Sequence[np.ndarray], raised: bool, timing: dict) -> Reply:
+    """A stage's answer: its pickled return value (or exception), the arrays it refers to, then the
+    arguments changed in place (``changed``: their indices among the request's arrays after the payload)."""
+    header = {"t": "result", "id": rid, "timing": timing, "nres": len(results), "changed": list(changed),
+              "raised": bool(raised)}
+    return Reply(header, [payload, *results, *changed_arrays])
+
+
+class StageAnswer(NamedTuple):
+    """A stage's ``result`` read: the payload, the arrays it refers to, the changed arguments."""
+    payload: np.ndarray
+    results: list
+    changed: list  # (index among the request's arrays after its payload, its new contents)
+    raised: bool
+    worker_s: float
+
+
+def read_stage(reply: dict, arrays: list) -> StageAnswer:
+    """Check a stage's ``result`` against its arrays; raises :class:`wire.WireError` on a mismatch."""
+    nres, changed = reply.get("nres"), reply.get("changed")
+    if not isinstance(nres, int) or not isinstance(changed, list) or not arrays:
+        raise wire.WireError("a stage result needs 'nres', 'changed' and a payload")
+    if 1 + nres + len(changed) != len(arrays) or not all(isinstance(i, int) and i >= 0 for i in changed):
+        raise wire.WireError(f"a stage result of {len(arrays)} arrays does not match nres={nres}, {len(changed)} changed")
+    if arrays[0].dtype != np.uint8 or arrays[0].ndim != 1:
+        raise wire.WireError("a stage's payload must be one-dimensional |u1")
+    timing = reply.get("timing") if isinstance(reply.get("timing"), dict) else {}
+    worker_s = timing.get("stage", 0.0)
+    worker_s = float(worker_s) if isinstance(worker_s, (int, float)) and math.isfinite(worker_s) else 0.0
+    return StageAnswer(arrays[0], list(arrays[1:1 + nres]), list(zip(changed, arrays[1 + nres:])),
+                       reply.get("raised") is True, max(worker_s, 0.0))

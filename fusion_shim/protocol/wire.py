@@ -7,7 +7,7 @@ The header is a msgpack map:
 
 =========  ==================================================================================
 ``v``      int, the wire version (``VERSION``). Any other version is answered with an error.
-``t``      str, the message type. Client to worker: ``hello``, ``call``, ``stats``.
+``t``      str, the message type. Client to worker: ``hello``, ``call``, ``stats``, ``stage``.
            Worker to client: ``ready``, ``result``, ``error``, ``stats``.
 ``id``     int >= 0, the request id. A reply carries the id of its request; replies are matched
            by id, never by order, so a late reply to an abandoned request is recognised and dropped.
@@ -38,6 +38,16 @@ Per type:
 - ``stats``: asked with nothing more; answered with ``calls``, ``bytes_in``, ``bytes_out``: the
   call messages the worker has answered and their bytes as counted at its socket (headers included).
 - ``error``: ``kind`` (one of ``ERROR_KINDS``), ``exc`` (the exception type's name), ``msg`` (str).
+- ``stage`` (opt-in, :doc:`docs/stages.md`): a function run on the worker. ``fn``: ``{"module",
+  "qualname", "hash"}`` (by reference) or nil (by value, inside the payload); ``versions``: the
+  client's ``{"python", "cloudpickle", "numpy"}``; ``deadline_s`` (number). Its first array is the
+  payload (``|u1``: the cloudpickled function where by value and the arguments, each ndarray in it
+  standing for one of the arrays after it, which may be references). Answered with ``result``: its
+  first array the pickled return value (or exception, ``raised: true``), ``nres`` arrays it refers
+  to, then the arguments the stage changed in place, their indices in ``changed``; or ``error`` of
+  kind ``refused`` (no ``--allow-code``, an unauthenticated principal, other versions) or
+  ``code_missing`` (the reference does not import to the same source here: send it by value).
+  Only these messages carry pickles, only where both sides were started for stages.
 
 An array meta is a map ``{"dtype": str, "shape": [int, ...], "order": "C" | "F"}``. ``dtype`` is a
 NumPy dtype string from ``DTYPES`` (native byte order only); the rank is at most ``MAX_NDIM``;
@@ -96,9 +106,9 @@ ZERO_COPY_MIN = 64 * 1024
 MAX_HEADER = 1 << 20
 MAX_NDIM = 64
 MAX_FRAMES = 1 + 64  # a header and at most 64 buffers: more is refused before any is looked at
-MESSAGE_TYPES = ("hello", "ready", "call", "result", "error", "stats")
+MESSAGE_TYPES = ("hello", "ready", "call", "result", "error", "stats", "stage")
 ERROR_KINDS = ("bad_request", "version", "unknown_op", "kernel_error", "out_of_memory", "missing", "busy",
-               "unhealthy")
+               "unhealthy", "refused", "code_missing")
 FP_LEN = 32  # hex digits of an xxh3-128 fingerprint
 
 
@@ -262,8 +272,8 @@ def decode(frames: Sequence[Any], max_bytes: int = 1 << 40, segments: Any = None
     bufs = [_frame_bytes(f) for f in frames[1:]]
     is_ref = [isinstance(m, dict) and m.get("ref") is True for m in metas]
     is_shm = [isinstance(m, dict) and "shm" in m for m in metas]
-    if header["t"] != "call" and any(is_ref):
-        raise WireError("only a call may send arrays by reference")
+    if header["t"] not in ("call", "stage") and any(is_ref):
+        raise WireError("only a call or a stage may send arrays by reference")
     if any(is_shm):
         if segments is None:
             raise WireError("an array in shared memory, but shared memory was not negotiated")

@@ -64,6 +64,7 @@ from ..config import Config
 from ..ledger import PHASES, Ledger
 from .bottom import added_time, detail, plain_words
 from .pool import pool_lines, pool_section
+from .stages import stage_lines, stages_section
 
 if TYPE_CHECKING:
     from ..plan import Planner
@@ -139,6 +140,9 @@ def build(rt: RunView, ledger: Ledger | None = None) -> dict[str, Any]:
     pool = pool_section(rt.config.pool, links)
     if pool is not None:
         report["pool"] = pool
+    stages = stages_section(rt, report["records"])
+    if stages is not None:
+        report["stages"] = stages
     report["summary"] = summarize(report)
     return report
 
@@ -269,6 +273,7 @@ def format_table(report: dict[str, Any]) -> str:
     lines += _totals(sm, checks)
     lines += _planner_lines(report.get("planner"))
     lines += pool_lines(report.get("pool"), report["events"])
+    lines += stage_lines(report.get("stages"))
     lines += _sites_and_reasons(sm, ops)
     if w is not None and w.get("cpu_start"):
         lines.append(f"  embedded worker (no GPU on this host) {w['cpu_start']}")

@@ -26,6 +26,9 @@ def parser(prog: str = PROG) -> argparse.ArgumentParser:
                         "at most 64 GiB)")
     p.add_argument("--fresh-bench", action="store_true",
                    help="take the self-benchmark again instead of reusing this host's last one")
+    p.add_argument("--allow-code", nargs="?", const="any", default=None, metavar="parent",
+                   help="run stages (functions clients send, docs/stages.md) for authenticated clients; "
+                        "'parent' (the embedded worker): only for the process given as --parent-pid")
     p.add_argument("--parent-pid", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--memory-budget", type=size, default=None,
                    help="bytes the resident store may hold (e.g. 2G, 512M); default: half the GPU, "
@@ -57,6 +60,13 @@ def start(p: argparse.ArgumentParser, opts: argparse.Namespace, make: Callable[.
         check_url(opts.bind)
     except ValueError as exc:
         p.error(str(exc))
+    allow_code = getattr(opts, "allow_code", None)
+    if allow_code not in (None, "any", "parent"):
+        p.error("--allow-code takes no value, or 'parent'")
+    if allow_code == "parent":
+        if opts.parent_pid is None:
+            p.error("--allow-code parent needs --parent-pid")
+        allow_code = f"parent:{opts.parent_pid}"
     max_bytes = opts.max_bytes  # None: from the host's and the device's memory (D65)
     if max_bytes is not None and max_bytes <= 0:
         p.error("--max-bytes must be > 0")
@@ -65,7 +75,9 @@ def start(p: argparse.ArgumentParser, opts: argparse.Namespace, make: Callable[.
         security = (f"CURVE, clients from {keys}" if keys else
                     "no authentication" if opts.insecure else "this user's processes only")
         print(f"fusion_shim worker: binding {opts.bind} (device {device}; {security})", file=sys.stderr, flush=True)
-        worker = (make or Worker)(device, opts.memory_budget, max_bytes=max_bytes, bench_cache=not opts.fresh_bench)
+        extra = {"allow_code": allow_code} if allow_code else {}  # a make() of tests takes none
+        worker = (make or Worker)(device, opts.memory_budget, max_bytes=max_bytes, bench_cache=not opts.fresh_bench,
+                                  **extra)
         serve(opts.bind, worker, parent_pid=opts.parent_pid, keys=keys, insecure=opts.insecure)
         if opts.parent_pid is not None:
             remove_run_dir(opts.bind, opts.parent_pid)

@@ -80,7 +80,7 @@ class Worker:
 
     def __init__(self, device: str = "auto", memory_budget: int | None = None, *,
                  max_bytes: int | None = None, backend: Any = None, kernels: dict | None = None,
-                 bench_cache: bool = True):
+                 bench_cache: bool = True, allow_code: str | None = None):
         self.numba = "unavailable: a test backend"
         if backend is None:
             from .backend import TorchBackend  # torch only here, on the worker side
@@ -103,6 +103,11 @@ class Worker:
         self.fingerprint_mismatches: dict[str, int] = {}  # principal -> inputs not hashing to their tag
         self.shm: ShmMapper | None = None  # clients' segments, on a same-host link
         self.principal = ANON  # whose request is being handled
+        self.stages = None  # code from clients (docs/stages.md): only with allow_code
+        if allow_code:
+            from .stages import StageHost
+
+            self.stages = StageHost(allow_code, self.max_bytes)
 
     def enable_shm(self, url: str) -> None:
         """Offer the shared-memory lane to clients of ``url``: same-host schemes only, never tcp."""
@@ -189,6 +194,8 @@ class Worker:
                     shm = (self.shm.answer_probe(header["shm"], self.principal) if self.shm is not None
                            else {"ok": False, "why": "this worker's link is not same-host (ipc://)"})
                 return messages.ready(rid, self.info, time.perf_counter() - t, shm)
+            if kind == "stage":  # a worker with code allowed takes these before they reach here
+                return messages.error(rid, "refused", "CodeRefused", "this worker was started without --allow-code")
             if kind != "call":
                 return messages.error(rid, "bad_request", "WireError", f"a worker does not accept {kind!r}")
             return self._call(rid, header, arrays)
@@ -484,11 +491,14 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
     if ready is not None:
         ready.set()
     inbox = Inbox(sock, keys is not None)  # D69: bytes waiting, bounded per principal
+    stages = getattr(worker, "stages", None)  # D171: answered from their own threads
     try:
         # hellos that arrive meanwhile wait: nobody is told "ready" early
         inbox.running(lambda: worker.warm(shared=parent_pid is not None))
         while stop is None or not stop.is_set():
-            got = inbox.next(200)
+            if stages is not None:
+                _send_stage_replies(inbox, stages)
+            got = inbox.next(200 if stages is None else stages.poll_ms(200))
             if got is None:
                 worker.idle()
                 if parent_pid is not None and not _alive(parent_pid):
@@ -497,6 +507,8 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
             frames, principal = got
             if on_request is not None:
                 on_request(frames[1:])
+            if stages is not None and stages.take(frames, principal):
+                continue
             reply = inbox.running(lambda: worker.handle(frames[1:], principal))
             try:
                 sent = inbox.send(frames[0].bytes, reply)
@@ -507,6 +519,8 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
                 print(f"fusion_shim worker: reply not sent: {exc}", file=sys.stderr)
             worker.idle()
     finally:
+        if stages is not None:
+            stages.close()
         inbox.close()
         sock.close(linger=0)
         if worker.shm is not None:
@@ -515,6 +529,14 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
             auth.stop()
         if keys is not None:
             ctx.term()
+
+
+def _send_stage_replies(inbox: Inbox, stages: Any) -> None:
+    for ident, reply in stages.replies():
+        try:
+            inbox.send(ident, reply)
+        except zmq.ZMQError as exc:  # the client vanished while its stage ran
+            print(f"fusion_shim worker: stage reply not sent: {exc}", file=sys.stderr)
 
 
 def _alive(pid: int) -> bool:

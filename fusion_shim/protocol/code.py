@@ -1,0 +1,136 @@
+"""A stage's code and objects as bytes, alike on both sides (docs/stages.md): loaded only where
+stages are in use, the one module of the package that imports cloudpickle besides the stage child.
+
+Objects are pickled with cloudpickle; each ndarray of a dtype the wire carries is left out of the
+pickle as a *persistent id*, an index into a list of arrays that travel as raw frames (so a matrix
+crosses once, by reference when the worker holds it). One array object met twice is one index:
+aliasing inside the arguments survives the trip. A function is sent by reference (module, qualname,
+hash of its source) or by value (cloudpickle, its module registered to pickle by value).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import io
+import pickle
+import sys
+from typing import Any, Callable
+
+import cloudpickle
+import numpy as np
+
+from .wire import DTYPES
+
+BY_VALUE_NAMES = ("__main__", "__mp_main__")
+
+
+def versions() -> dict[str, str]:
+    """What must match between the two sides for a pickle made on one to load on the other."""
+    return {"python": ".".join(map(str, sys.version_info[:3])), "cloudpickle": cloudpickle.__version__,
+            "numpy": np.__version__}
+
+
+def _travels(obj: Any) -> bool:
+    return type(obj) is np.ndarray and obj.dtype.str in DTYPES
+
+
+class _Pickler(cloudpickle.CloudPickler):
+    def __init__(self, file: Any, arrays: list):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.arrays = arrays
+        self.index: dict[int, int] = {}
+
+    def persistent_id(self, obj: Any) -> int | None:
+        if not _travels(obj):
+            return None
+        at = self.index.get(id(obj))
+        if at is None:
+            at = self.index[id(obj)] = len(self.arrays)
+            self.arrays.append(obj)
+        return at
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file: Any, arrays: list):
+        super().__init__(file)
+        self.arrays = arrays
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not isinstance(pid, int) or not 0 <= pid < len(self.arrays):
+            raise pickle.UnpicklingError(f"array {pid!r} is not among the {len(self.arrays)} that came")
+        return self.arrays[pid]
+
+
+def dumps(obj: Any) -> tuple[bytes, list[np.ndarray]]:
+    """``obj`` pickled, and the arrays left out of it, in the order of their ids."""
+    buf, arrays = io.BytesIO(), []
+    _Pickler(buf, arrays).dump(obj)
+    return buf.getvalue(), arrays
+
+
+def loads(data: Any, arrays: list) -> Any:
+    """The object :func:`dumps` made, its arrays taken from ``arrays``."""
+    return _Unpickler(io.BytesIO(memoryview(data).cast("B")), arrays).load()
+
+
+def by_value(fn: Callable) -> Any:
+    """What pickles ``fn`` with its code, even when its module could be imported by name."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    if module is None or module.__name__ in BY_VALUE_NAMES:
+        return fn
+    return _ByValue(fn, module)
+
+
+class _ByValue:
+    """A function whose module is registered to pickle by value while it is pickled."""
+
+    def __init__(self, fn: Callable, module: Any):
+        self.fn, self.module = fn, module
+
+    def __reduce__(self) -> Any:
+        try:
+            cloudpickle.register_pickle_by_value(self.module)
+            registered = True
+        except ValueError:  # already registered, or not a module cloudpickle takes
+            registered = False
+        try:
+            return pickle.loads, (cloudpickle.dumps(self.fn, protocol=pickle.HIGHEST_PROTOCOL),)
+        finally:
+            if registered:
+                cloudpickle.unregister_pickle_by_value(self.module)
+
+
+def source_hash(fn: Callable) -> str | None:
+    """The hash of a function's source, None where it has none (a lambda typed at a prompt)."""
+    try:
+        text = inspect.getsource(fn)
+    except (OSError, TypeError):
+        return None
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def by_reference(fn: Callable) -> dict | None:
+    """The reference a worker can import ``fn`` by, or None where it must go by value."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or module in BY_VALUE_NAMES or "<" in qualname:
+        return None
+    digest = source_hash(fn)
+    return None if digest is None else {"module": module, "qualname": qualname, "hash": digest}
+
+
+def resolve(ref: dict) -> tuple[Callable | None, str]:
+    """The function a reference names, imported here, or None and why it cannot be used."""
+    module, qualname, digest = ref.get("module"), ref.get("qualname"), ref.get("hash")
+    if not all(isinstance(v, str) for v in (module, qualname, digest)):
+        return None, "a reference needs module, qualname and hash as strings"
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except Exception as exc:  # any import error of the user's module: it goes by value instead
+        return None, f"{module}:{qualname} does not import here ({type(exc).__name__}: {exc})"[:300]
+    obj = getattr(obj, "__wrapped__", obj)
+    if source_hash(obj) != digest:
+        return None, f"{module}:{qualname} has another source here"
+    return obj, ""

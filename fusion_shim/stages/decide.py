@@ -1,0 +1,163 @@
+"""Where a stage call runs: a value with its reason, from what this run measured (D173).
+
+Per stage and argument shapes: its first ``FIRST_LOCAL`` calls run here and are timed (the
+intercepted calls inside them counted); a remote run is then predicted from the link (the bytes to
+send and to bring back, at what the link has shown per byte, plus its round trip) and the worker's
+time (its own measured time once it ran there, else this host's: D173), and taken when it wins by
+``MARGIN``. The other place is measured again only while that costs at most ``EXPLORE_SHARE`` of
+the time this stage has taken so far, and at least every ``REMEASURE_AFTER`` calls.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+FIRST_LOCAL = 2
+MARGIN = 1.1           # D173: remote must be predicted this much faster
+EXPLORE_SHARE = 0.02   # D173: exploration's budget, a share of the stage's own time
+REMEASURE_AFTER = 50
+EWMA = 0.5
+DEFAULT_BYTES_S = 1e9  # the link's speed before it has carried a stage: an exploration measures it
+
+
+class Choice(NamedTuple):
+    where: str
+    reason: str
+    local_s: float | None = None
+    remote_s: float | None = None
+
+
+class Measured(NamedTuple):
+    where: str
+    wall_s: float
+    worker_s: float = 0.0
+    sent: int = 0
+    received: int = 0
+    unsent: int = 0          # input bytes that travelled by value
+    inner: dict | None = None
+    result_bytes: int = 0
+
+
+@dataclass
+class Stats:
+    calls: int = 0
+    local_n: int = 0
+    remote_n: int = 0
+    local_s: float | None = None
+    worker_s: float | None = None
+    s_per_byte: float | None = None
+    unsent: int | None = None
+    result_bytes: int = 0
+    input_bytes: int = 0
+    spent_s: float = 0.0
+    since: dict = field(default_factory=lambda: {"local": 0, "remote": 0})  # calls since each was measured
+    inner: dict = field(default_factory=dict)
+
+
+def _ewma(old: float | None, new: float) -> float:
+    return new if old is None else (1 - EWMA) * old + EWMA * new
+
+
+def array_bytes(obj: Any, depth: int = 0) -> int:
+    """The ndarray bytes in ``obj`` and its lists, tuples and dicts (a few levels deep)."""
+    nbytes = getattr(obj, "nbytes", None)
+    if isinstance(nbytes, int) and hasattr(obj, "dtype"):
+        return nbytes
+    if depth > 3:
+        return 0
+    if isinstance(obj, (list, tuple)):
+        return sum(array_bytes(o, depth + 1) for o in obj)
+    if isinstance(obj, dict):
+        return sum(array_bytes(o, depth + 1) for o in obj.values())
+    return 0
+
+
+def _shapes(obj: Any, depth: int = 0) -> tuple:
+    if hasattr(obj, "shape") and hasattr(obj, "dtype"):
+        return (tuple(obj.shape), str(obj.dtype))
+    if depth < 3 and isinstance(obj, (list, tuple)):
+        return tuple(_shapes(o, depth + 1) for o in obj)
+    if depth < 3 and isinstance(obj, dict):
+        return tuple((k, _shapes(v, depth + 1)) for k, v in obj.items() if isinstance(k, str))
+    return (type(obj).__name__,)
+
+
+def shape_key(name: str, args: tuple, kwargs: dict) -> tuple:
+    """A stage's models are kept per argument shapes and dtypes."""
+    return name, _shapes(args), _shapes(kwargs)
+
+
+class Decider:
+    def __init__(self, policy: str):
+        self.policy = policy
+        self.stats: dict[tuple, Stats] = {}
+        self.pinned: dict[str, str] = {}  # stage -> why it runs here from now on
+
+    def pin(self, name: str, why: str) -> None:
+        self.pinned.setdefault(name, why)
+
+    def _stats(self, key: tuple) -> Stats:
+        s = self.stats.get(key)
+        if s is None:
+            s = self.stats[key] = Stats()
+        return s
+
+    def choose(self, name: str, key: tuple, link: Any, input_bytes: int = 0) -> Choice:
+        s = self._stats(key)
+        s.calls += 1
+        s.input_bytes = input_bytes or s.input_bytes
+        if name in self.pinned:
+            return Choice("local", f"pinned here: {self.pinned[name]}")
+        if link is None:
+            return Choice("local", "no worker ready")
+        if self.policy == "remote":
+            return Choice("remote", "policy remote")
+        if s.local_n < FIRST_LOCAL:
+            return Choice("local", f"first {FIRST_LOCAL} calls run here and are measured")
+        remote_s = self.predict_remote(s, link)
+        local_s = s.local_s or 0.0
+        best, other = ("remote", "local") if remote_s * MARGIN < local_s else ("local", "remote")
+        extra = abs(remote_s - local_s)
+        due = s.since[other] >= REMEASURE_AFTER or (other == "remote" and s.remote_n == 0)
+        if due and extra <= EXPLORE_SHARE * s.spent_s:
+            return Choice(other, f"exploring: {other} measured again (predicted {remote_s:.3g}s there, "
+                                 f"{local_s:.3g}s here)", local_s, remote_s)
+        return Choice(best, f"predicted {remote_s:.3g}s there vs {local_s:.3g}s here (margin {MARGIN})",
+                      local_s, remote_s)
+
+    def predict_remote(self, s: Stats, link: Any) -> float:
+        rtt = getattr(link, "rtt_s", None) or 0.0
+        per_byte = s.s_per_byte
+        if per_byte is None:
+            bw = getattr(link, "bandwidth", None)
+            per_byte = 1.0 / (min(bw) if bw else DEFAULT_BYTES_S)
+        unsent = s.input_bytes if s.unsent is None else s.unsent
+        worker_s = s.worker_s if s.worker_s is not None else (s.local_s or 0.0)
+        return rtt + per_byte * (unsent + s.result_bytes) + worker_s
+
+    def learn(self, name: str, key: tuple, m: Measured) -> None:
+        s = self._stats(key)
+        s.spent_s += m.wall_s
+        for where in s.since:
+            s.since[where] += 1
+        s.since[m.where] = 0
+        if m.where == "local":
+            s.local_n += 1
+            s.local_s = _ewma(s.local_s, m.wall_s)
+            for op, (n, nbytes) in (m.inner or {}).items():
+                got = s.inner.setdefault(op, [0, 0])
+                got[0] += n
+                got[1] += nbytes
+            return
+        s.remote_n += 1
+        s.worker_s = _ewma(s.worker_s, m.worker_s)
+        moved = m.sent + m.received
+        if moved:
+            s.s_per_byte = _ewma(s.s_per_byte, max(m.wall_s - m.worker_s, 0.0) / moved)
+        s.unsent = m.unsent
+
+    def note_result(self, name: str, key: tuple, result_bytes: int, input_bytes: int = 0) -> None:
+        s = self._stats(key)
+        s.result_bytes = result_bytes
+        if input_bytes:
+            s.input_bytes = input_bytes

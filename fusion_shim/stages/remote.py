@@ -1,0 +1,96 @@
+"""One stage call on a worker: the ``stage`` message (its arrays as raw frames, by reference where
+the worker's stage process holds them), the one resend (by value, or the function by value), and
+the answer read back: the return value, the arguments changed in place, the stage's exception."""
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .. import transport
+from ..protocol import code, messages, wire
+from ..protocol.fingerprint import fingerprint, worth_keeping
+
+DEADLINE_SLACK_S = 1.0  # the worker's own deadline ends first: its answer says the stage ran out
+
+
+class Refused(Exception):
+    """The worker will not run this stage (no --allow-code, not authenticated, other versions)."""
+
+
+class Failed(transport.TransportError):
+    """The worker answered with an error (the stage crashed, ran out of time): computed here."""
+
+
+class Packed(NamedTuple):
+    payload: bytes          # the arguments pickled, each travelling array an index
+    arrays: list            # the arrays, in the order of their indices
+    items: list             # each through wire.to_wire
+    fps: list               # each's fingerprint, where worth keeping
+
+
+def pack(fn: Any, args: tuple, kwargs: dict, by_value: bool, residency: bool) -> Packed:
+    """The call's payload: the function too when it goes by value."""
+    payload, arrays = code.dumps((code.by_value(fn) if by_value else None, args, kwargs))
+    items = [wire.to_wire(a) for a in arrays]
+    fps = [fingerprint(m, b) if residency and worth_keeping(a.nbytes) else None for a, (m, b) in zip(arrays, items)]
+    return Packed(payload, arrays, items, fps)
+
+
+class Outcome(NamedTuple):
+    value: Any
+    raised: bool
+    worker_s: float
+    sent: int       # bytes on the socket, each way
+    received: int
+    by_ref: int     # inputs the worker already held
+    saved: int      # ... and their bytes
+
+
+def send(link: Any, fn: Any, ref: dict | None, packed: Packed, held: set, deadline_s: float) -> Outcome:
+    """Run the stage on ``link``'s worker; ``held``: the fingerprints its stage process is believed
+    to hold (updated from the answer). Raises :class:`Refused`, ``code_missing`` as :class:`Failed`
+    with ``kind``, or another :class:`transport.TransportError`."""
+    chan = link.channel()
+    payload = np.frombuffer(packed.payload, np.uint8)
+    items = [wire.to_wire(payload), *packed.items]
+    fps = [None, *packed.fps]
+    refs = [i + 1 for i, fp in enumerate(packed.fps) if fp is not None and fp in held]
+    header = messages.stage_header(link.next_id(), ref, code.versions(), deadline_s)
+    req = messages.Request(header, items, fps, refs)
+    ans = chan.request(req, time.monotonic() + deadline_s + DEADLINE_SLACK_S, link.watch, lane=None)
+    sent, received = chan.last_bytes_sent, chan.last_bytes_received
+    if ans.header["t"] == "error" and ans.header.get("kind") == "missing":
+        held.difference_update(ans.header.get("missing") or ())
+        header["id"] = link.next_id()
+        refs = []
+        ans = chan.request(req._replace(refs=()), time.monotonic() + deadline_s + DEADLINE_SLACK_S, link.watch,
+                           lane=None)
+        sent, received = sent + chan.last_bytes_sent, received + chan.last_bytes_received
+    reply = ans.header
+    if reply["t"] == "error":
+        kind, msg = reply.get("kind"), f"{reply.get('exc')}: {reply.get('msg')}"[:300]
+        if kind == "refused":
+            raise Refused(str(reply.get("msg"))[:300])
+        fail = Failed(f"worker: {msg}")
+        fail.kind = kind
+        raise fail
+    if reply["t"] != "result":
+        raise transport.BadReply(f"a stage answered with {reply['t']!r}")
+    try:
+        got = messages.read_stage(reply, ans.arrays)
+    except wire.WireError as exc:
+        raise transport.BadReply(str(exc)) from None
+    results = [a if a.flags.aligned else a.copy(order="K") for a in got.results]
+    value = code.loads(got.payload, results)
+    for index, new in got.changed:  # arguments the stage changed in place, changed here too
+        if not 0 <= index < len(packed.arrays):
+            raise transport.BadReply(f"changed argument {index} is not among the {len(packed.arrays)} sent")
+        np.copyto(packed.arrays[index], new.reshape(packed.arrays[index].shape))
+    changed = {index for index, _ in got.changed}
+    for i, fp in enumerate(packed.fps):
+        if fp is not None:
+            (held.discard if i in changed else held.add)(fp)
+    saved = sum(packed.arrays[i - 1].nbytes for i in refs)
+    return Outcome(value, got.raised, got.worker_s, sent, received, len(refs), saved)

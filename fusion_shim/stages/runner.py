@@ -1,0 +1,167 @@
+"""The stages of one run: each call decided (:mod:`.decide`), run here or on a worker
+(:mod:`.remote`), checked where sampled, and recorded in the run's ledger as op ``stage NAME``."""
+from __future__ import annotations
+
+import math
+import threading
+import time
+import weakref
+from typing import Any
+
+import numpy as np
+
+from .. import transport
+from ..errors import FallbackError
+from ..ledger import Record, call_site
+from .decide import Decider, Measured, array_bytes, shape_key
+from .state import Raised, depth as _depth
+
+_runners: "weakref.WeakKeyDictionary[Any, Runner]" = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def existing(rt: Any) -> "Runner | None":
+    """The run's runner if a stage was called (the report reads it)."""
+    with _lock:
+        return _runners.get(rt)
+
+
+def runner_of(rt: Any) -> "Runner":
+    with _lock:
+        runner = _runners.get(rt)
+        if runner is None:
+            runner = _runners[rt] = Runner(rt)
+        return runner
+
+
+class Runner:
+    def __init__(self, rt: Any):
+        self.rt = rt
+        self.config = rt.config
+        self.decider = Decider(rt.config.policy)
+        self.held: dict[str, set] = {}       # link url -> fingerprints its stage process holds
+        self.by_value: set[str] = set()      # stages whose reference the worker could not import
+        self._debt = 0.0  # --verify's share, as in client.checks: every 1/fraction-th call is checked
+
+    def sampled(self) -> bool:
+        fraction = self.config.verify
+        if fraction <= 0:
+            return False
+        self._debt += fraction
+        if self._debt >= 1.0 - 1e-12:
+            self._debt -= 1.0
+            return True
+        return False
+
+    def call(self, stage: Any, args: tuple, kwargs: dict) -> Any:
+        if getattr(_depth, "n", 0):
+            return stage.fn(*args, **kwargs)
+        key = shape_key(stage.name, args, kwargs)
+        link = self._link()
+        choice = self.decider.choose(stage.name, key, link, array_bytes((args, kwargs)))
+        rec = Record(f"stage {stage.name}", "stage", site=call_site(3), reason=choice.reason,
+                     predicted_local_s=choice.local_s, predicted_remote_s=choice.remote_s,
+                     thread=threading.get_ident(), kind="local")
+        rec.start_s = self.rt.ledger.now()
+        t = time.perf_counter()
+        if choice.where == "remote":
+            done, value = self._remote(stage, key, link, args, kwargs, rec)
+            if done:
+                rec.wall_s = time.perf_counter() - t
+                self.rt.ledger.add(rec)
+                if isinstance(value, Raised):
+                    raise value.exc
+                return value
+            if self.config.strict:  # a fallback is an error in strict mode, as for calls
+                rec.wall_s = time.perf_counter() - t
+                self.rt.ledger.add(rec)
+                raise FallbackError(f"stage {stage.name} at {rec.site} would run here: {rec.reason}")
+        return self._local(stage, key, args, kwargs, rec, t)
+
+    def _link(self) -> Any:
+        link = self.rt.link
+        if link is None:
+            return None
+        if self.config.policy == "remote" and not link.ready.is_set():
+            link.wait_ready(self.config.ready_timeout, while_starting=True)
+        return link if link.ready.is_set() else None
+
+    def _local(self, stage: Any, key: tuple, args: tuple, kwargs: dict, rec: Record, t: float) -> Any:
+        ledger = self.rt.ledger
+        before = len(ledger.records)
+        _depth.n = getattr(_depth, "n", 0) + 1
+        try:
+            value = stage.fn(*args, **kwargs)
+        except BaseException as exc:
+            rec.raised = type(exc).__name__
+            raise
+        finally:
+            _depth.n -= 1
+            rec.wall_s = rec.phases["local"] = time.perf_counter() - t
+            inner = _inner(ledger, before, rec.thread)
+            self.decider.learn(stage.name, key, Measured("local", rec.wall_s, inner=inner,
+                                                          result_bytes=0))
+            ledger.add(rec)
+        self.decider.note_result(stage.name, key, array_bytes(value))
+        return value
+
+    def _remote(self, stage: Any, key: tuple, link: Any, args: tuple, kwargs: dict, rec: Record) -> tuple[bool, Any]:
+        """(True, value) when the worker answered; (False, None) to compute it here (the record says why)."""
+        from . import remote
+        from .verifying import Check
+
+        name = stage.name
+        by_value = name in self.by_value
+        try:
+            ref = None if by_value else remote.code.by_reference(stage.fn)
+            packed = remote.pack(stage.fn, args, kwargs, ref is None, self.config.residency)
+        except Exception as exc:  # an argument cloudpickle cannot carry: this stage stays here
+            self.decider.pin(name, f"its arguments do not pickle ({type(exc).__name__}: {exc})"[:200])
+            rec.kind, rec.reason = "fallback", self.decider.pinned[name]
+            return False, None
+        check = Check.maybe(self, packed)
+        held = self.held.setdefault(link.url, set())
+        t = time.perf_counter()
+        try:
+            try:
+                out = remote.send(link, stage.fn, ref, packed, held, self.config.timeout)
+            except remote.Failed as exc:
+                if getattr(exc, "kind", None) != "code_missing":
+                    raise
+                self.by_value.add(name)
+                self.rt.ledger.event(f"stage {name}: the worker cannot import it ({exc}); sent by value")
+                packed = remote.pack(stage.fn, args, kwargs, True, self.config.residency)
+                out = remote.send(link, stage.fn, None, packed, held, self.config.timeout)
+        except remote.Refused as exc:
+            self.decider.pin(name, f"the worker refuses code: {exc}")
+            rec.kind, rec.reason = "fallback", self.decider.pinned[name]
+            self.rt.ledger.event(f"stage {name} runs here: {rec.reason}")
+            return False, None
+        except transport.TransportError as exc:
+            rec.kind, rec.reason = "fallback", f"{type(exc).__name__}: {exc}"[:300]
+            if not isinstance(exc, remote.Failed):
+                link.fault(exc)
+            return False, None
+        wall = time.perf_counter() - t
+        rec.kind, rec.worker = "worker", link.index
+        rec.bytes_sent, rec.bytes_received = out.sent, out.received
+        rec.resident_hits, rec.bytes_saved = out.by_ref, out.saved
+        rec.phases.update(kernel=out.worker_s, transfer=max(wall - out.worker_s, 0.0))
+        sent_bytes = sum(a.nbytes for a, fp in zip(packed.arrays, packed.fps) if fp is None or fp not in held)
+        self.decider.learn(name, key, Measured("remote", wall, worker_s=out.worker_s, sent=out.sent,
+                                               received=out.received, unsent=sent_bytes))
+        value = Raised(out.value) if out.raised else out.value
+        if check is not None:
+            value = check.finish(stage, args, kwargs, value, rec)
+        return True, value
+
+
+def _inner(ledger: Any, before: int, thread: int) -> dict:
+    """The intercepted calls a stage made while it ran here: op -> [calls, input bytes]."""
+    inner: dict[str, list] = {}
+    for r in ledger.records[before:]:
+        if r.thread == thread and not r.op.startswith("stage "):
+            got = inner.setdefault(r.op, [0, 0])
+            got[0] += 1
+            got[1] += sum(math.prod(shape) * np.dtype(dt).itemsize for shape, dt in zip(r.shapes, r.dtypes))
+    return inner

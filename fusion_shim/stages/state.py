@@ -1,0 +1,13 @@
+"""What the runner and the checks share about the calls in flight on this thread."""
+from __future__ import annotations
+
+import threading
+
+depth = threading.local()  # stages running here on this thread (.n): stages they call are plain calls
+
+
+class Raised:
+    """A stage's exception, carried to where the program gets it."""
+
+    def __init__(self, exc: BaseException):
+        self.exc = exc

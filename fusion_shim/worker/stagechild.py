@@ -1,0 +1,135 @@
+"""The process a worker runs one principal's stages in (docs/stages.md): ``python -m
+fusion_shim.worker.stagechild FD``, FD a socket to the worker (:mod:`.stages`).
+
+A job is a msgpack header (the function's reference, the array metas), the payload, then one buffer
+per array that is not a reference; the answer is a msgpack header and its buffers. The arrays a job
+tagged with a fingerprint stay here (``KEEP_BYTES``, least recently used first), so a matrix that
+many stage calls use crosses once. A stage that crashes this process or never returns costs the
+worker only this process: it kills it and starts another for the next job.
+"""
+from __future__ import annotations
+
+import collections
+import sys
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from ..protocol import code
+from ..protocol.fingerprint import fingerprint
+from ..protocol.wire import to_wire
+
+KEEP_BYTES = 2 << 30  # arrays kept for later jobs of this principal
+
+
+class Held:
+    """Arrays by fingerprint, bounded in bytes."""
+
+    def __init__(self, budget: int = KEEP_BYTES):
+        self.budget, self.used = budget, 0
+        self.arrays: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
+
+    def get(self, fp: str) -> np.ndarray | None:
+        arr = self.arrays.get(fp)
+        if arr is not None:
+            self.arrays.move_to_end(fp)
+        return arr
+
+    def put(self, fp: str, arr: np.ndarray) -> None:
+        if fp in self.arrays or arr.nbytes > self.budget:
+            return
+        while self.used + arr.nbytes > self.budget:
+            _, old = self.arrays.popitem(last=False)
+            self.used -= old.nbytes
+        self.arrays[fp] = arr
+        self.used += arr.nbytes
+
+    def drop(self, fp: str) -> None:
+        arr = self.arrays.pop(fp, None)
+        if arr is not None:
+            self.used -= arr.nbytes
+
+
+def _fp(arr: np.ndarray) -> str:
+    meta, buf = to_wire(arr)
+    return fingerprint(meta, buf)
+
+
+def receive(conn: Connection, meta: dict) -> np.ndarray:
+    """One array's buffer read straight into fresh, writable memory."""
+    arr = np.empty(meta["shape"], np.dtype(meta["dtype"]), order=meta["order"])
+    if arr.size:
+        conn.recv_bytes_into(arr.reshape(-1, order="A").view(np.uint8))
+    else:
+        conn.recv_bytes()
+    return arr
+
+
+def run_job(conn: Connection, held: Held) -> None:
+    job = msgpack.unpackb(conn.recv_bytes(), raw=False)
+    payload = conn.recv_bytes()
+    metas = job["metas"]
+    arrays: list[Any] = [None if m.get("ref") else receive(conn, m) for m in metas]
+    missing = []
+    for i, m in enumerate(metas):
+        if m.get("ref"):
+            arrays[i] = held.get(m["fp"])
+            if arrays[i] is None:
+                missing.append(m["fp"])
+    if missing:
+        return _answer(conn, {"missing": missing}, [])
+    fn = None
+    if job.get("fn") is not None:
+        fn, why = code.resolve(job["fn"])
+        if fn is None:
+            return _answer(conn, {"code_missing": why}, [])
+    before = [m.get("fp") or _fp(a) for m, a in zip(metas, arrays)]
+    t = time.perf_counter()
+    raised = False
+    try:
+        packed_fn, args, kwargs = code.loads(payload, arrays)
+        fn = packed_fn if fn is None else fn
+        value: Any = fn(*args, **kwargs)
+    except BaseException as exc:  # the stage's own exception goes back to its caller
+        raised, value = True, exc
+    took = time.perf_counter() - t
+    changed = [i for i, (fp, a) in enumerate(zip(before, arrays)) if _fp(a) != fp]
+    for i, m in enumerate(metas):
+        if "fp" in m:
+            if i in changed:
+                held.drop(m["fp"])
+            else:
+                held.put(m["fp"], arrays[i])
+    try:
+        data, results = code.dumps(value)
+    except Exception as exc:  # a value that does not pickle: said as an error of that type
+        what = "exception" if raised else "result"
+        raised = True
+        data, results = code.dumps(TypeError(f"the stage's {what} does not pickle: {type(exc).__name__}: {exc}"))
+    wired = [to_wire(a) for a in (*results, *(arrays[i] for i in changed))]
+    header = {"ok": True, "raised": raised, "nres": len(results), "changed": changed, "stage_s": took,
+              "metas": [meta for meta, _ in wired]}
+    _answer(conn, header, [data, *(buf for _, buf in wired)])
+
+
+def _answer(conn: Connection, header: dict, buffers: list) -> None:
+    conn.send_bytes(msgpack.packb(header, use_bin_type=True))
+    for buf in buffers:
+        conn.send_bytes(buf)
+
+
+def main(argv: list[str]) -> int:
+    conn = Connection(int(argv[0]))
+    held = Held()
+    while True:
+        try:
+            run_job(conn, held)
+        except (EOFError, OSError):  # the worker is gone, or killed this job: nothing to answer
+            return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,204 @@
+"""Stages on the worker (docs/stages.md): code from authenticated clients, in a process per principal.
+
+A worker started with ``--allow-code`` hands each ``stage`` request to :class:`StageHost`, which
+answers it later from a thread of its own, so the loop keeps serving calls meanwhile. Code runs only
+for an authenticated principal (a CURVE key the allow-list named, or this worker's own user over
+``ipc://``); ``--allow-code parent`` (the embedded worker) only for the process that started it.
+Each principal's stages run in a child process (:mod:`.stagechild`): one that crashes or outlives
+its deadline is killed, its call answered with an error (the client computes it), and the next
+stage call starts a new one. This module never unpickles: only the child does.
+"""
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import subprocess
+import sys
+import threading
+import time
+from importlib import metadata
+from multiprocessing.connection import Connection
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from ..protocol import messages, wire
+from ..transport.principal import Principal
+
+MAX_DEADLINE_S = 24 * 3600.0
+BUSY_POLL_MS = 2  # how often the loop looks for finished stages while some run
+CHILD_EXIT_S = 5.0
+
+
+def _versions() -> dict[str, str]:
+    """This side's versions, cloudpickle's read without importing it."""
+    try:
+        cp = metadata.version("cloudpickle")
+    except metadata.PackageNotFoundError:
+        cp = "missing"
+    return {"python": ".".join(map(str, sys.version_info[:3])), "cloudpickle": cp, "numpy": np.__version__}
+
+
+class StageHost:
+    """``allow``: ``"any"`` (every authenticated principal) or ``"parent:PID"`` (that process only)."""
+
+    def __init__(self, allow: str, max_bytes: int):
+        self.allow, self.max_bytes = allow, max_bytes
+        self.versions = _versions()
+        self.done: queue.SimpleQueue = queue.SimpleQueue()  # (routing identity, reply frames)
+        self.children: dict[str, _Child] = {}
+        self.running = 0
+        self._lock = threading.Lock()
+
+    def poll_ms(self, idle_ms: int) -> int:
+        return BUSY_POLL_MS if self.running else idle_ms
+
+    def take(self, frames: list, principal: Principal) -> bool:
+        """Take a ``stage`` request (``frames``: its routing identity first); False for any other."""
+        try:
+            header = wire.decode_header(frames[1]) if len(frames) > 1 else None
+        except wire.WireError:
+            return False
+        if header is None or header["t"] != "stage":
+            return False
+        ident, rid = frames[0].bytes, header["id"]
+        try:
+            header, arrays = wire.decode(frames[1:], max_bytes=self.max_bytes, header=header)
+        except wire.WireError as exc:
+            return self._reply(ident, messages.error(rid, "bad_request", "WireError", str(exc)))
+        why = self.refusal(header, principal, frames[0])
+        if why is not None:
+            return self._reply(ident, messages.error(rid, "refused", "CodeRefused", why))
+        if not arrays or isinstance(arrays[0], wire.Ref) or arrays[0].dtype != np.uint8 or arrays[0].ndim != 1:
+            return self._reply(ident, messages.error(rid, "bad_request", "WireError", "a stage's payload is |u1"))
+        with self._lock:
+            child = self.children.get(principal.name)
+            if child is None:
+                child = self.children[principal.name] = _Child(self)
+            self.running += 1
+        child.jobs.put((ident, rid, header, arrays))
+        return True
+
+    def refusal(self, header: dict, principal: Principal, frame: Any) -> str | None:
+        """Why this principal may not run code here, or None."""
+        if principal.name.startswith("key:"):
+            pass
+        elif principal.uid is None:
+            return "an unauthenticated connection: code runs only for a CURVE key on the allow-list or this user over ipc://"
+        elif principal.uid != os.getuid():
+            return f"uid {principal.uid} is not this worker's user: over ipc:// only the same user may run code"
+        if self.allow.startswith("parent:") and _peer_pid(frame) != int(self.allow[7:]):
+            return "this embedded worker runs code only for the program that started it"
+        theirs = header.get("versions")
+        if not isinstance(theirs, dict) or any(theirs.get(k) != v for k, v in self.versions.items()):
+            return f"versions differ: the client has {theirs}, this worker {self.versions}"
+        return None
+
+    def _reply(self, ident: bytes, reply: messages.Reply) -> bool:
+        self.done.put((ident, reply.frames()))
+        return True
+
+    def finished(self, ident: bytes, reply: messages.Reply) -> None:
+        with self._lock:
+            self.running -= 1
+        self._reply(ident, reply)
+
+    def replies(self) -> list:
+        """The stage answers ready to send: (routing identity, frames)."""
+        out = []
+        while True:
+            try:
+                out.append(self.done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def close(self) -> None:
+        for child in list(self.children.values()):
+            child.jobs.put(None)
+            child.kill()
+
+
+def _peer_pid(frame: Any) -> int | None:
+    try:
+        parts = str(frame.get(b"Peer-Address") or "").rsplit(":", 3)
+    except Exception:  # not a socket's frame (a test's bytes): no peer to name
+        return None
+    return int(parts[3]) if len(parts) == 4 and parts[3].isdigit() else None
+
+
+class _Child:
+    """One principal's stage process and the thread that feeds it, one job at a time."""
+
+    def __init__(self, host: StageHost):
+        self.host = host
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.proc: subprocess.Popen | None = None
+        self.conn: Connection | None = None
+        threading.Thread(target=self._loop, name="fusion-shim-stages", daemon=True).start()
+
+    def _start(self) -> None:
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, "FUSION_SHIM": "0"}
+        pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, os.getcwd(), env.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen([sys.executable, "-m", "fusion_shim.worker.stagechild", str(theirs.fileno())],
+                                     pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.conn = Connection(ours.detach())
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(CHILD_EXIT_S)
+        if self.conn is not None:
+            self.conn.close()
+        self.proc = self.conn = None
+
+    def _loop(self) -> None:
+        while True:
+            job = self.jobs.get()
+            if job is None:
+                return
+            ident, rid, header, arrays = job
+            try:
+                reply = self._run(rid, header, arrays)
+            except Exception as exc:  # the boundary: the call fails, the worker stays
+                self.kill()
+                reply = messages.error(rid, "kernel_error", type(exc).__name__, str(exc)[:500])
+            self.host.finished(ident, reply)
+
+    def _run(self, rid: int, header: dict, arrays: list) -> messages.Reply:
+        deadline_s = header.get("deadline_s")
+        deadline_s = min(float(deadline_s), MAX_DEADLINE_S) if isinstance(deadline_s, (int, float)) else 60.0
+        if self.proc is None or self.proc.poll() is not None:
+            self.kill()
+            self._start()
+        conn = self.conn
+        t = time.perf_counter()
+        try:
+            conn.send_bytes(msgpack.packb({"fn": header.get("fn"), "metas": header["arrays"][1:]}, use_bin_type=True))
+            conn.send_bytes(arrays[0])
+            for a in arrays[1:]:
+                if not isinstance(a, wire.Ref):
+                    conn.send_bytes(a.reshape(-1, order="A").view(np.uint8) if a.size else b"")
+            if not conn.poll(max(deadline_s - (time.perf_counter() - t), 0.0)):
+                self.kill()
+                return messages.error(rid, "kernel_error", "StageTimeout", f"the stage ran past its {deadline_s:g} s")
+            answer = msgpack.unpackb(conn.recv_bytes(), raw=False)
+            bufs = [conn.recv_bytes() for _ in range(1 + len(answer.get("metas", ())) if answer.get("ok") else 0)]
+        except (EOFError, OSError) as exc:
+            code = self.proc.poll() if self.proc is not None else None
+            self.kill()
+            return messages.error(rid, "kernel_error", "StageCrashed",
+                                  f"the stage's process died (exit {code}): {type(exc).__name__}")
+        if "missing" in answer:
+            return messages.error(rid, "missing", "KeyError", "stage inputs not held here", missing=answer["missing"])
+        if "code_missing" in answer:
+            return messages.error(rid, "code_missing", "ImportError", answer["code_missing"])
+        out = [np.frombuffer(b, dtype=np.dtype(m["dtype"])).reshape(m["shape"], order=m["order"])
+               for b, m in zip(bufs[1:], answer["metas"])]
+        nres = answer["nres"]
+        return messages.stage_result(rid, np.frombuffer(bufs[0], np.uint8), out[:nres], answer["changed"],
+                                     out[nres:], answer["raised"], {"stage": answer["stage_s"]})

@@ -1,0 +1,85 @@
+"""Functions the stage tests mark by reference (an importable module: the worker imports it too)."""
+import ctypes
+import os
+import time
+
+import numpy as np
+
+
+def chain(A, X, steps):
+    for _ in range(steps):
+        X = np.tanh(A @ X)
+        X /= np.linalg.norm(X)
+    return X
+
+
+def summary(a, scale=1.0):
+    return {"sum": float(a.sum()) * scale, "parts": [a[:2].copy(), (a.shape, str(a.dtype))], "n": int(a.size)}
+
+
+def fill(C, value):
+    C[:] = value
+    return None
+
+
+def scaled_sum(A, x):
+    return float((A @ x).sum())
+
+
+def fails(a):
+    raise ValueError(f"no good: {a.shape}")
+
+
+def outer(A, X):
+    return inner_step(A, X) + 1.0
+
+
+def inner_step(A, X):
+    return np.tanh(A @ X)
+
+
+def crash():
+    ctypes.string_at(0)
+
+
+def hang():
+    time.sleep(3600)
+
+
+class Model:
+    def __init__(self, w):
+        self.w = w
+
+    def apply(self, x):
+        return self.w @ x
+
+
+def crash_elsewhere(pid):
+    if os.getpid() != pid:
+        ctypes.string_at(0)
+    return "here"
+
+
+def hang_elsewhere(pid):
+    if os.getpid() != pid:
+        time.sleep(3600)
+    return "here"
+
+
+def differs_elsewhere(pid, a):
+    return a + (1.0 if os.getpid() != pid else 0.0)
+
+
+def where(pid):
+    return "here" if os.getpid() == pid else "worker"
+
+
+def slow_here(pid, a):
+    if os.getpid() == pid:
+        time.sleep(0.2)
+    return a * 2
+
+
+def slow_elsewhere(pid, a):
+    time.sleep(0.05 if os.getpid() == pid else 0.3)
+    return a * 2

@@ -1,0 +1,81 @@
+"""Where a stage call runs: the decision as a value with its reason, and under policy auto against a
+worker whose stage time differs from this host's."""
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import numpy as np
+
+from fusion_shim.stages.decide import FIRST_LOCAL, Decider, Measured, shape_key
+from tests.helpers.shims import install
+from tests.stage import stagefns
+
+LINK = SimpleNamespace(rtt_s=1e-3, bandwidth=None)
+KEY = ("s", ((8,), "float64"))
+
+
+def test_the_first_calls_run_here_then_an_exploration_measures_the_worker():
+    d = Decider("auto")
+    for _ in range(FIRST_LOCAL):
+        c = d.choose("s", KEY, LINK, 64)
+        assert c.where == "local" and "first" in c.reason
+        d.learn("s", KEY, Measured("local", 1.0))
+    c = d.choose("s", KEY, LINK, 64)
+    assert c.where == "remote" and c.reason.startswith("exploring")
+    d.learn("s", KEY, Measured("remote", 0.11, worker_s=0.1, sent=64, received=64, unsent=64))
+    c = d.choose("s", KEY, LINK, 64)
+    assert c.where == "remote" and c.remote_s < 0.2 and c.local_s == 1.0
+
+
+def test_a_worker_that_measures_slower_sends_the_stage_back_here():
+    d = Decider("auto")
+    for _ in range(FIRST_LOCAL):
+        d.choose("s", KEY, LINK, 64)
+        d.learn("s", KEY, Measured("local", 0.1))
+    d.choose("s", KEY, LINK, 64)
+    d.learn("s", KEY, Measured("remote", 1.0, worker_s=0.99, sent=64, received=64, unsent=64))
+    assert [d.choose("s", KEY, LINK, 64).where for _ in range(5)] == ["local"] * 5
+
+
+def test_exploration_waits_while_it_costs_more_than_its_share():
+    d = Decider("auto")
+    d.learn("s", KEY, Measured("local", 10.0))
+    d.learn("s", KEY, Measured("local", 10.0))
+    d.learn("s", KEY, Measured("remote", 1.0, worker_s=0.9, sent=8, received=8, unsent=8))
+    for _ in range(60):  # local is due for a new measurement after 50 calls, but would cost 9 s more each
+        assert d.choose("s", KEY, LINK, 8).where == "remote"
+        d.learn("s", KEY, Measured("remote", 1.0, worker_s=0.9, sent=8, received=8, unsent=8))
+
+
+def test_a_pinned_stage_runs_here_and_policy_remote_sends_the_rest():
+    d = Decider("remote")
+    assert d.choose("a", KEY, LINK).where == "remote"
+    assert d.choose("a", KEY, None).reason == "no worker ready"
+    d.pin("a", "the worker refuses code")
+    assert d.choose("a", KEY, LINK).reason == "pinned here: the worker refuses code"
+
+
+def test_models_are_kept_per_argument_shapes():
+    assert shape_key("s", (np.zeros((2, 3)),), {}) != shape_key("s", (np.zeros((3, 2)),), {})
+    assert shape_key("s", ([np.zeros(2)], 1.0), {"k": 2}) == shape_key("s", ([np.ones(2)], 5.0), {"k": 3})
+
+
+def _kinds(rt, name):
+    return [r.kind for r in rt.ledger.records if r.op == f"stage tests.stage.stagefns:{name}"]
+
+
+def test_auto_moves_a_stage_that_is_slower_here_to_the_worker(code_worker):
+    rt = install(code_worker[0], policy="auto", stages=("tests.stage.stagefns:slow_here",))
+    a = np.ones(4)
+    for _ in range(6):
+        np.testing.assert_array_equal(stagefns.slow_here(os.getpid(), a), a * 2)
+    assert _kinds(rt, "slow_here") == ["local", "local", "worker", "worker", "worker", "worker"]
+
+
+def test_auto_keeps_a_stage_here_once_the_worker_measures_slower(code_worker):
+    rt = install(code_worker[0], policy="auto", stages=("tests.stage.stagefns:slow_elsewhere",))
+    a = np.ones(4)
+    for _ in range(6):
+        np.testing.assert_array_equal(stagefns.slow_elsewhere(os.getpid(), a), a * 2)
+    assert _kinds(rt, "slow_elsewhere") == ["local", "local", "worker", "local", "local", "local"]

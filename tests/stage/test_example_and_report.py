@@ -1,0 +1,35 @@
+"""The stage example prints what plain python prints, run with --stage and no change to its source;
+each stage is a row of the report and a line of the trace."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.helpers.environment import ROOT
+
+EXAMPLE = ROOT / "examples" / "power_chain.py"
+
+
+def _run(*args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+
+
+def test_the_example_run_with_stage_prints_what_plain_python_prints(tmp_path):
+    plain = _run(str(EXAMPLE), "256")
+    assert plain.returncode == 0, plain.stderr
+    report, trace = tmp_path / "run.json", tmp_path / "run.trace"
+    shim = _run("-m", "fusion_shim", "--policy", "remote", "--stage", "__main__:chain", "--report", str(report),
+                "--trace", str(trace), str(EXAMPLE), "256")
+    assert shim.returncode == 0, shim.stderr
+    assert shim.stdout == plain.stdout
+    data = json.loads(report.read_text())
+    row = data["stages"]["__main__:chain"]
+    assert row["calls"] == row["worker"] == 3 and row["bytes_sent"] > 256 * 256 * 8
+    assert data["ops"]["stage __main__:chain"]["worker"] == 3
+    assert "__main__:chain" in shim.stderr.split("stages:")[1]
+    events = json.loads(trace.read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert sum(e.get("name") == "stage __main__:chain" for e in events) == 3

@@ -20,12 +20,12 @@ NumPy costs is the report's start-up line (``interception``); the runtime loads 
 """
 from __future__ import annotations
 
+import _thread  # D36: threading's locks are these, without loading threading
 import atexit
 import contextlib
 import importlib.util
 import os
 import sys
-import threading
 import time
 import warnings
 from types import ModuleType
@@ -72,7 +72,7 @@ class _Installation:
                 native.publish_op_floors(operators)
 
 
-_lock = threading.RLock()
+_lock = _thread.RLock()
 _installed: _Installation | None = None
 _exit_hooks: list[Callable[["Runtime"], None]] = []
 

@@ -154,12 +154,23 @@ def on_exit(hook: Callable[["Runtime"], None]) -> None:
 
 
 def _report_at_exit(rt: "Runtime") -> None:
+    if _nothing_to_report(rt):  # D37: the report's modules are not loaded for a table nobody sees
+        return
     # imported here, at exit: nothing it loads may run exec() or eval() on source text (a
     # dataclass, a namedtuple), which makes CPython forget an unhandled Ctrl-C and exit with
     # status 1 instead of by SIGINT; config and ledger, which have them, are loaded by then
     from ..report import at_exit
 
     at_exit(rt)
+
+
+def _nothing_to_report(rt: "Runtime") -> bool:
+    """No file to write, and no table to print: quiet, or no call counted and the operators
+    intercepted (where they are not, the report says why)."""
+    c = rt.config
+    if c.report or c.trace:
+        return False
+    return c.quiet or (rt.operators["intercepted"] and not rt.ledger.snapshot_ops())
 
 
 _exit_hooks.append(_report_at_exit)

@@ -158,16 +158,14 @@ def config_main(argv: list[str]) -> int:
 
 
 def format_settings(config: Any, sources: dict[str, str], pyproject: str | None) -> str:
-    import dataclasses
-
     lines = [f"pyproject: {pyproject or f'none with a [tool.fusion_shim] table at or above {os.getcwd()}'}",
              "precedence: defaults < pyproject < environment < flags"]
-    fields = dataclasses.fields(config)
-    width = max(len(f.name) for f in fields)
-    for f in fields:
-        value = getattr(config, f.name)
+    fields = config.fields()
+    width = max(len(name) for name in fields)
+    for name in fields:
+        value = getattr(config, name)
         shown = ",".join(value) if isinstance(value, tuple) else ("" if value is None else str(value))
-        lines.append(f"  {f.name:<{width}}  {shown or '-':<24}  {sources.get(f.name, 'default')}")
+        lines.append(f"  {name:<{width}}  {shown or '-':<24}  {sources.get(name, 'default')}")
     return "\n".join(lines)
 
 

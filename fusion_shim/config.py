@@ -13,10 +13,8 @@ message that names where it was set and lists what is valid.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
-from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 PREFIX = "FUSION_SHIM_"
@@ -176,33 +174,97 @@ def _client_keys(name: str, raw: str) -> str | None:
     return raw
 
 
-@dataclass(frozen=True)
+# name -> default; a Config holds exactly these (D36: a plain class, no dataclass machinery at import)
+DEFAULTS: dict[str, Any] = {
+    "policy": "auto",         # auto | local | remote
+    "worker": None,           # URL of a running worker; None: start an embedded one over ipc://
+    "workers": (),            # several running workers (FUSION_SHIM_WORKERS=url,url); replaces worker
+    "pool": None,             # ray://ADDRESS[/NAME]: a pool's workers, found through Ray; replaces both
+    "device": "auto",         # device of the embedded worker
+    "report": None,           # path for the JSON report
+    "quiet": False,           # no summary table on stderr at exit
+    "timeout": 60.0,          # seconds a remote call may take before it is computed locally
+    "ready_timeout": 120.0,   # seconds policy=remote waits for a warming worker before running locally
+    "min_flops": 0.0,         # auto: below this estimated work a call never leaves the process;
+    #                           0: only the per-op floors the planner derives from its models
+    "strict": False,          # turn every fallback and every mismatch into an error
+    "verify": 0.0,            # fraction of worker answers also computed here and compared
+    "trace": None,            # path for a Chrome-trace (Perfetto) timeline of the run
+    "residency": True,        # keep inputs and results on the worker, send references
+    "shm": "auto",            # auto: buffers through shared memory when the worker is on this host; 0: never
+    "native": True,           # the C extension: `@`, `@=`, `.dot` trampolines and the C fast path
+    #                           of wrapped functions; 0 turns both off (wrapt only)
+    "server_key": None,       # path: the worker's CURVE public key (a worker run with --keys)
+    "client_keys": None,      # path: this client's CURVE key pair; both or neither
+    "worker_uid": None,       # an ipc:// worker may also run as this uid (besides this user and root)
+    "stages": (),             # MODULE:QUALNAME functions run whole on a worker (docs/stages.md)
+}
+
+
 class Config:
-    policy: str = "auto"          # auto | local | remote
-    worker: str | None = None     # URL of a running worker; None: start an embedded one over ipc://
-    workers: tuple[str, ...] = () # several running workers (FUSION_SHIM_WORKERS=url,url); replaces worker
-    pool: str | None = None       # ray://ADDRESS[/NAME]: a pool's workers, found through Ray; replaces both
-    device: str = "auto"          # device of the embedded worker
-    report: str | None = None     # path for the JSON report
-    quiet: bool = False           # no summary table on stderr at exit
-    timeout: float = 60.0         # seconds a remote call may take before it is computed locally
-    ready_timeout: float = 120.0  # seconds policy=remote waits for a warming worker before running locally
-    min_flops: float = 0.0        # auto: below this estimated work a call never leaves the process;
-    #                               0: only the per-op floors the planner derives from its models
-    strict: bool = False          # turn every fallback and every mismatch into an error
-    verify: float = 0.0           # fraction of worker answers also computed here and compared
-    trace: str | None = None      # path for a Chrome-trace (Perfetto) timeline of the run
-    residency: bool = True        # keep inputs and results on the worker, send references
-    shm: str = "auto"             # auto: buffers through shared memory when the worker is on this host; 0: never
-    native: bool = True           # the C extension: `@`, `@=`, `.dot` trampolines and the C fast path
-    #                               of wrapped functions; 0 turns both off (wrapt only)
-    server_key: str | None = None   # path: the worker's CURVE public key (a worker run with --keys)
-    client_keys: str | None = None  # path: this client's CURVE key pair; both or neither
-    worker_uid: int | None = None   # an ipc:// worker may also run as this uid (besides this user and root)
-    stages: tuple[str, ...] = ()    # MODULE:QUALNAME functions run whole on a worker (docs/stages.md)
+    """The settings of one run, frozen: each field of :data:`DEFAULTS` as an attribute, compared and
+    hashed by value; :meth:`replace` makes a changed copy."""
+
+    __slots__ = tuple(DEFAULTS)
+    policy: str
+    worker: str | None
+    workers: tuple[str, ...]
+    pool: str | None
+    device: str
+    report: str | None
+    quiet: bool
+    timeout: float
+    ready_timeout: float
+    min_flops: float
+    strict: bool
+    verify: float
+    trace: str | None
+    residency: bool
+    shm: str
+    native: bool
+    server_key: str | None
+    client_keys: str | None
+    worker_uid: int | None
+    stages: tuple[str, ...]
+
+    def __init__(self, **values: Any):
+        unknown = set(values) - DEFAULTS.keys()
+        if unknown:
+            raise TypeError(f"Config has no field {sorted(unknown)[0]!r}; fields: {', '.join(DEFAULTS)}")
+        setter = object.__setattr__
+        for name, default in DEFAULTS.items():
+            setter(self, name, values.get(name, default))
+
+    @staticmethod
+    def fields() -> tuple[str, ...]:
+        """The field names, in order."""
+        return tuple(DEFAULTS)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in DEFAULTS}
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"Config is frozen: cannot assign {name!r} (use .replace)")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"Config is frozen: cannot delete {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in DEFAULTS)
+
+    def __hash__(self) -> int:
+        return hash(tuple(getattr(self, n) for n in DEFAULTS))
+
+    def __repr__(self) -> str:
+        return "Config(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in DEFAULTS) + ")"
+
+    def __reduce__(self) -> tuple:
+        return _config, (self.as_dict(),)
 
     def replace(self, **changes: Any) -> "Config":
-        return dataclasses.replace(self, **changes)
+        return Config(**{**self.as_dict(), **changes})
 
     @classmethod
     def load(cls, env: Mapping[str, str] | None = None, *, project: "Project | None" = None,
@@ -233,15 +295,19 @@ class Config:
         finds: the fields away from their default, and those in ``also`` (set at their default over
         a pyproject's value)."""
         out = {}
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if value is None or (value == field.default and field.name not in also):
+        for name, default in DEFAULTS.items():
+            value = getattr(self, name)
+            if value is None or (value == default and name not in also):
                 continue
             if isinstance(value, tuple):
-                out[PREFIX + field.name.upper()] = ",".join(value)
+                out[PREFIX + name.upper()] = ",".join(value)
                 continue
-            out[PREFIX + field.name.upper()] = str(int(value)) if isinstance(value, bool) else str(value)
+            out[PREFIX + name.upper()] = str(int(value)) if isinstance(value, bool) else str(value)
         return out
+
+
+def _config(values: dict[str, Any]) -> Config:
+    return Config(**values)
 
 
 def _from_env(env: Mapping[str, str]) -> dict[str, Any]:

@@ -5,12 +5,11 @@ are always exact. Calls that the fast path kept local (below the size floor) are
 """
 from __future__ import annotations
 
+import _thread  # D36: threading's locks are these, without loading threading
 import os
 import sys
-import threading
 import time
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 MAX_RECORDS = 10_000  # full records kept in all
@@ -22,33 +21,70 @@ PHASES = ("wait_ready", "link_probe", "fingerprint", "encode", "send", "transfer
           "abandoned", "local")
 
 
-@dataclass
+_LISTS, _DICTS = ("shapes", "dtypes"), ("phases",)  # fields whose default is a fresh container
+
+
 class Record:
-    op: str
-    family: str
-    site: str = "?"
-    shapes: list = field(default_factory=list)
-    dtypes: list = field(default_factory=list)
-    kind: str = "local"           # "worker" | "local" (decided) | "unsupported" | "fallback"
-    reason: str = ""
-    predicted_local_s: float | None = None
-    predicted_remote_s: float | None = None
-    phases: dict[str, float] = field(default_factory=dict)
-    bytes_sent: int = 0
-    bytes_received: int = 0
-    wall_s: float = 0.0
-    start_s: float = 0.0          # since the run started
-    raised: str | None = None     # the exception NumPy raised, if it did
-    thread: int = 0               # threading.get_ident() of the calling thread (trace tracks)
-    verify: str | None = None     # "ok" or "mismatch: ..." when the call was checked
-    local_measured_s: float | None = None  # NumPy's own time for this call, when a check measured it
-    resident_hits: int = 0        # inputs sent by reference: the worker held them
-    bytes_saved: int = 0          # ... and their bytes, which did not travel
-    resends: int = 0              # references the worker no longer held, resent by value
-    evictions: int = 0            # entries the worker dropped from its store during this call
-    shm_sent: int = 0             # input bytes that went through shared memory, not the socket
-    shm_received: int = 0         # ... and result bytes that came back that way
-    worker: int | None = None     # the index of the worker that answered it (the trace's device tracks)
+    """One call: what it was, what was decided and why, and where its time went. A plain class with
+    ``__slots__`` (D36): a dataclass's generated methods cost their exec at NumPy's import. ``plan``
+    (the call path's decision) is set by the call path and is not a field."""
+
+    __slots__ = ("op", "family", "site", "shapes", "dtypes", "kind", "reason", "predicted_local_s",
+                 "predicted_remote_s", "phases", "bytes_sent", "bytes_received", "wall_s", "start_s", "raised",
+                 "thread", "verify", "local_measured_s", "resident_hits", "bytes_saved", "resends", "evictions",
+                 "shm_sent", "shm_received", "worker", "plan")
+    FIELDS = __slots__[:-1]
+
+    def __init__(self, op: str, family: str, site: str = "?", shapes: list | None = None,
+                 dtypes: list | None = None, kind: str = "local", reason: str = "",
+                 predicted_local_s: float | None = None, predicted_remote_s: float | None = None,
+                 phases: dict[str, float] | None = None, bytes_sent: int = 0, bytes_received: int = 0,
+                 wall_s: float = 0.0, start_s: float = 0.0, raised: str | None = None, thread: int = 0,
+                 verify: str | None = None, local_measured_s: float | None = None, resident_hits: int = 0,
+                 bytes_saved: int = 0, resends: int = 0, evictions: int = 0, shm_sent: int = 0,
+                 shm_received: int = 0, worker: int | None = None):
+        self.op = op
+        self.family = family
+        self.site = site
+        self.shapes = [] if shapes is None else shapes
+        self.dtypes = [] if dtypes is None else dtypes
+        self.kind = kind                # "worker" | "local" (decided) | "unsupported" | "fallback"
+        self.reason = reason
+        self.predicted_local_s = predicted_local_s
+        self.predicted_remote_s = predicted_remote_s
+        self.phases = {} if phases is None else phases
+        self.bytes_sent = bytes_sent
+        self.bytes_received = bytes_received
+        self.wall_s = wall_s
+        self.start_s = start_s          # since the run started
+        self.raised = raised            # the exception NumPy raised, if it did
+        self.thread = thread            # threading.get_ident() of the calling thread (trace tracks)
+        self.verify = verify            # "ok" or "mismatch: ..." when the call was checked
+        self.local_measured_s = local_measured_s  # NumPy's own time for this call, when a check measured it
+        self.resident_hits = resident_hits  # inputs sent by reference: the worker held them
+        self.bytes_saved = bytes_saved  # ... and their bytes, which did not travel
+        self.resends = resends          # references the worker no longer held, resent by value
+        self.evictions = evictions      # entries the worker dropped from its store during this call
+        self.shm_sent = shm_sent        # input bytes that went through shared memory, not the socket
+        self.shm_received = shm_received  # ... and result bytes that came back that way
+        self.worker = worker            # the index of the worker that answered it (the trace's device tracks)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields, containers copied (what the JSON report holds)."""
+        out = {name: getattr(self, name) for name in Record.FIELDS}
+        for name in _LISTS:
+            out[name] = list(out[name])
+        for name in _DICTS:
+            out[name] = dict(out[name])
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return self.as_dict() == other.as_dict() if type(other) is Record else NotImplemented
+
+    __hash__ = None  # mutable, as the dataclass it replaces
+
+    def __repr__(self) -> str:
+        return f"Record({self.op!r}, kind={self.kind!r}, reason={self.reason!r}, wall_s={self.wall_s!r})"
 
 
 def call_site(depth: int = 2) -> str:
@@ -69,7 +105,7 @@ def _is_library(filename: str) -> bool:
 
 class Ledger:
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = _thread.allocate_lock()
         self.started = time.perf_counter()
         self.records: list[Record] = []
         self.dropped = 0
@@ -100,7 +136,7 @@ class Ledger:
     def reset_after_fork(self) -> None:
         """A forked child reports its own calls, not its parent's: start afresh (a new lock too,
         since another thread of the parent may have held the old one at the fork)."""
-        self.lock = threading.Lock()
+        self.lock = _thread.allocate_lock()
         self.clear()
         self.startup = {}  # the parent paid for what it loaded; the child's own first needs count
 
@@ -175,7 +211,7 @@ class Ledger:
                 "ops": ops,
                 "sites": {f"{site} {op}": dict(v) for (site, op), v in self.sites.items()},
                 "events": [{"t_s": t, "what": w} for t, w in self.events],
-                "records": [asdict(r) for r in self.records],
+                "records": [r.as_dict() for r in self.records],
                 "records_dropped": self.dropped,
                 "startup": dict(self.startup),
             }

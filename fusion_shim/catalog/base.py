@@ -15,7 +15,6 @@ import inspect
 import math
 import operator
 import sys
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -27,42 +26,76 @@ class Unsupported(Exception):
     """The call cannot be offloaded faithfully; the message is the reason the ledger keeps."""
 
 
-@dataclass(frozen=True)
 class OpSpec:
-    name: str                   # the public name, e.g. "numpy.linalg.solve"
-    module: str                 # where the attribute is patched
-    attr: str
-    family: str                 # "products" | "linalg" | "fft": cost model and report grouping
-    rule: Callable[["OpSpec", inspect.BoundArguments], "Prepared"]
-    params: tuple[str, ...] = ()  # parameters besides the arrays that the rule understands
-    kernel: str = ""            # worker kernel id; defaults to name without "numpy."
-    args: tuple[str, ...] = ("a", "b")  # the parameters that carry arrays (in the signature's order)
-    trigger: str = "numpy"      # the module whose import patches this row ("scipy.linalg", ...)
-    # an array parameter holds a list or tuple of arrays (multi_dot's arrays, lu_solve's (lu, piv)):
-    # the interceptor's byte floor must look inside it, which only its Python fast path does
-    nested: bool = False
+    """One row (D36: plain classes with ``__slots__``; a dataclass's generated methods cost their
+    exec at every import of the catalog)."""
+
+    __slots__ = ("name", "module", "attr", "family", "rule", "params", "kernel", "args", "trigger", "nested")
+
+    def __init__(self, name: str, module: str, attr: str, family: str,
+                 rule: Callable[["OpSpec", Any], "Prepared"], params: tuple[str, ...] = (), kernel: str = "",
+                 args: tuple[str, ...] = ("a", "b"), trigger: str = "numpy", nested: bool = False):
+        setter = object.__setattr__
+        setter(self, "name", name)        # the public name, e.g. "numpy.linalg.solve"
+        setter(self, "module", module)    # where the attribute is patched
+        setter(self, "attr", attr)
+        setter(self, "family", family)    # "products" | "linalg" | "fft": cost model and report grouping
+        setter(self, "rule", rule)
+        setter(self, "params", params)    # parameters besides the arrays that the rule understands
+        setter(self, "kernel", kernel)    # worker kernel id; defaults to name without "numpy."
+        setter(self, "args", args)        # the parameters that carry arrays (in the signature's order)
+        setter(self, "trigger", trigger)  # the module whose import patches this row ("scipy.linalg", ...)
+        # an array parameter holds a list or tuple of arrays (multi_dot's arrays, lu_solve's (lu, piv)):
+        # the interceptor's byte floor must look inside it, which only its Python fast path does
+        setter(self, "nested", nested)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"OpSpec is frozen: cannot assign {name!r}")
+
+    def _key(self) -> tuple:
+        return tuple(getattr(self, n) for n in OpSpec.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return self._key() == other._key() if type(other) is OpSpec else NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"OpSpec({self.name!r}, family={self.family!r}, trigger={self.trigger!r})"
 
     @property
     def kernel_id(self) -> str:
         return self.kernel or self.name.removeprefix("numpy.")
 
 
-@dataclass
 class Prepared:
-    spec: OpSpec
-    arrays: list[ndarray]
-    params: dict[str, Any]
-    results: list[tuple[np.dtype, tuple[int, ...]]]   # what the worker returns, array by array
-    layouts: list[Any]                                  # "C", "F" or an axis order per result
-    flops: float
-    out: ndarray | None = None
-    scalar_0d: bool = False   # NumPy returns a scalar, not a 0-d array, when the result is 0-d
-    scalar_out: bool = False  # np.dot: a 0-d out= is returned as a scalar too (NumPy's PyArray_Return)
-    returns: str = "array"    # "array", or the numpy.linalg named tuple the results form
-    # Builds NumPy's return value from the worker's arrays when the three fields above cannot say it
-    # (eig's real-or-complex result, lstsq's tuple, a result NumPy returns as a view, ...). It only
-    # rearranges what the worker computed, with NumPy's own cheap operations; it never raises.
-    finish: Callable[[list[ndarray]], Any] | None = None
+    """A call a rule has matched: what to send, what comes back, and how NumPy's value is built."""
+
+    __slots__ = ("spec", "arrays", "params", "results", "layouts", "flops", "out", "scalar_0d", "scalar_out",
+                 "returns", "finish")
+
+    def __init__(self, spec: OpSpec, arrays: list[ndarray], params: dict[str, Any],
+                 results: list[tuple[np.dtype, tuple[int, ...]]], layouts: list[Any], flops: float,
+                 out: ndarray | None = None, scalar_0d: bool = False, scalar_out: bool = False,
+                 returns: str = "array", finish: Callable[[list[ndarray]], Any] | None = None):
+        self.spec = spec
+        self.arrays = arrays
+        self.params = params
+        self.results = results      # what the worker returns, array by array
+        self.layouts = layouts      # "C", "F" or an axis order per result
+        self.flops = flops
+        self.out = out
+        self.scalar_0d = scalar_0d    # NumPy returns a scalar, not a 0-d array, when the result is 0-d
+        self.scalar_out = scalar_out  # np.dot: a 0-d out= is returned as a scalar too (NumPy's PyArray_Return)
+        self.returns = returns        # "array", or the numpy.linalg named tuple the results form
+        # Builds NumPy's return value from the worker's arrays when the three fields above cannot say it
+        # (eig's real-or-complex result, lstsq's tuple, a result NumPy returns as a view, ...). It only
+        # rearranges what the worker computed, with NumPy's own cheap operations; it never raises.
+        self.finish = finish
+
+    def __repr__(self) -> str:
+        return f"Prepared({self.spec.name!r}, results={self.results!r}, flops={self.flops!r})"
 
     @property
     def bytes_in(self) -> int:

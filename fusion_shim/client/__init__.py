@@ -7,8 +7,8 @@ the interceptor: it installs the runtime and calls :meth:`runtime.Runtime.dispat
 """
 from __future__ import annotations
 
-import threading
+import _thread  # D36: not threading, which NumPy's import does not load
 
 # One per process, shared by every Runtime, so that intercept.bypassed() holds across installs:
 # while a thread's .busy is set, its NumPy calls are not intercepted nor recorded.
-GUARD = threading.local()
+GUARD = _thread._local()  # threading.local is this type

@@ -29,9 +29,9 @@ a line of the report's start-up (:meth:`note_startup`); the report itself reads 
 """
 from __future__ import annotations
 
+import _thread  # D36: threading loads with the first thread the runtime starts
 import inspect
 import os
-import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -73,7 +73,7 @@ class Runtime:
         self._pid = os.getpid()
         # the cells every wrapped function reads, from install on; the planner, once made, keeps them
         self._floor_cells = floor_cells(config.policy)
-        self._made = threading.RLock()  # each lazy part is made once, by whichever thread needs it first
+        self._made = _thread.RLock()  # each lazy part is made once, by whichever thread needs it first
         self._planner: "Planner | None" = None
         self._links: list[WorkerLink] = []  # filled when made; the call path holds this same list
         self._links_made = False
@@ -92,7 +92,7 @@ class Runtime:
         # whether `@`, `@=` and `.dot` are intercepted, and why not (note_operators)
         self.operators: dict[str, Any] = {"intercepted": False, "why": "not installed", "fast_path": "wrapt"}
         self.started_wall = time.time()
-        self._bg_lock = threading.Lock()
+        self._bg_lock = _thread.allocate_lock()
         self._bg_queue: "queue.SimpleQueue | None" = None
         self._bg_pid = 0
 
@@ -280,7 +280,7 @@ class Runtime:
         """D40: a call above an evidence floor while the worker is deferred: computed here, timed and
         recorded, evidence for the worker's start, which then happens off the program's thread (the
         planner, the call path and the link are made there, not for this call)."""
-        rec = Record(spec.name, spec.family, site=call_site(4), thread=threading.get_ident(),
+        rec = Record(spec.name, spec.family, site=call_site(4), thread=_thread.get_ident(),
                      reason="embedded worker deferred (no GPU on this host): timed as evidence for its start")
         t = time.perf_counter()
         rec.start_s = t - self.ledger.started
@@ -296,6 +296,8 @@ class Runtime:
         nbytes = sum(getattr(a, "nbytes", 0) for a in args)
         evidence = self._evidence
         if evidence is not None and evidence.observe(spec.name, nbytes, seconds):
+            import threading
+
             threading.Thread(target=self._start_deferred, name="fusion-shim-start", daemon=True).start()
         return result
 
@@ -404,6 +406,7 @@ class Runtime:
         with self._bg_lock:
             if self._bg_queue is None or self._bg_pid != os.getpid():  # a forked child starts its own
                 import queue  # with the thread: a deferred or local run never starts one
+                import threading
 
                 self._bg_queue, self._bg_pid = queue.SimpleQueue(), os.getpid()
                 threading.Thread(target=self._background_loop, args=(self._bg_queue,), name="fusion-shim-background",

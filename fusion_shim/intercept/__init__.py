@@ -20,12 +20,12 @@ NumPy costs is the report's start-up line (``interception``); the runtime loads 
 """
 from __future__ import annotations
 
+import _thread  # D36: threading's locks are these, without loading threading
 import atexit
 import contextlib
 import importlib.util
 import os
 import sys
-import threading
 import time
 import warnings
 from types import ModuleType
@@ -73,7 +73,7 @@ class _Installation:
                 native.publish_op_floors(operators)
 
 
-_lock = threading.RLock()
+_lock = _thread.RLock()
 _installed: _Installation | None = None
 _exit_hooks: list[Callable[["Runtime"], None]] = []
 
@@ -167,12 +167,23 @@ def on_exit(hook: Callable[["Runtime"], None]) -> None:
 
 
 def _report_at_exit(rt: "Runtime") -> None:
+    if _nothing_to_report(rt):  # D37: the report's modules are not loaded for a table nobody sees
+        return
     # imported here, at exit: nothing it loads may run exec() or eval() on source text (a
     # dataclass, a namedtuple), which makes CPython forget an unhandled Ctrl-C and exit with
     # status 1 instead of by SIGINT; config and ledger, which have them, are loaded by then
     from ..report import at_exit
 
     at_exit(rt)
+
+
+def _nothing_to_report(rt: "Runtime") -> bool:
+    """No file to write, and no table to print: quiet, or no call counted and the operators
+    intercepted (where they are not, the report says why)."""
+    c = rt.config
+    if c.report or c.trace:
+        return False
+    return c.quiet or (rt.operators["intercepted"] and not rt.ledger.snapshot_ops())
 
 
 _exit_hooks.append(_report_at_exit)

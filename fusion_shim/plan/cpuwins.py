@@ -6,7 +6,7 @@ of those ops would have saved on such a worker until that pays the worker's star
 Imports only the standard library: the runtime makes it at NumPy's import, when it defers the embedded worker."""
 from __future__ import annotations
 
-import threading
+import _thread  # D36: threading's locks are these, without loading threading
 from typing import NamedTuple
 
 from .margins import first_call_margin
@@ -50,7 +50,7 @@ class CpuEvidence:
         self.seen_s = 0.0     # their time here
         self.calls: dict[str, int] = {}
         self.enough = False
-        self._lock = threading.Lock()
+        self._lock = _thread.allocate_lock()
 
     def floors(self) -> dict[str, int]:
         """Each op's input size from which its calls are evidence: below it, one size comparison."""

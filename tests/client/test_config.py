@@ -43,3 +43,20 @@ def test_to_env_round_trip():
 def test_frozen():
     with pytest.raises(Exception):
         Config().policy = "local"
+
+
+def test_a_config_is_a_value_replace_makes_a_changed_copy_and_it_pickles():
+    import copy
+    import pickle
+
+    c = Config.load(env={}, policy="remote", workers=["inproc://a", "inproc://b"])
+    d = c.replace(timeout=2.0)
+    assert (d.timeout, d.policy, d.workers, c.timeout) == (2.0, "remote", ("inproc://a", "inproc://b"), 60.0)
+    assert d != c and d.replace(timeout=60.0) == c and hash(d.replace(timeout=60.0)) == hash(c)
+    assert pickle.loads(pickle.dumps(c)) == c and copy.deepcopy(c) == c
+    assert len({c, c.replace()}) == 1
+    with pytest.raises(AttributeError, match="frozen"):
+        del c.policy
+    with pytest.raises(TypeError, match="no field 'polcy'"):
+        c.replace(polcy="local")
+    assert "policy='remote'" in repr(c)

@@ -128,7 +128,7 @@ def test_config_prints_each_setting_and_where_it_came_from(tmp_path, monkeypatch
     assert rows["timeout"] == ("7.0", "environment FUSION_SHIM_TIMEOUT")
     assert rows["verify"] == ("0.5", "--verify")
     assert rows["device"] == ("auto", "default")
-    assert set(rows) == {f.name for f in __import__("dataclasses").fields(Config)}
+    assert set(rows) == set(Config.fields())
 
 
 def test_config_reads_the_working_directory_by_default_and_fails_on_a_bad_value(tmp_path, monkeypatch, capsys):

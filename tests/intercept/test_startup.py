@@ -24,7 +24,8 @@ from fusion_shim import _hooks
 PY = sys.executable
 TIMEOUT = 300
 # what a process that imports NumPy under the shim loads only on first need, or never
-LATER = ("zmq", "msgpack", "xxhash", "asyncio", "importlib.metadata", "fusion_shim.plan.planner",
+LATER = ("zmq", "msgpack", "xxhash", "asyncio", "importlib.metadata", "threading", "dataclasses",
+         "fusion_shim.plan.planner",
          "fusion_shim.plan.calibrate", "fusion_shim.report", "fusion_shim.client.link", "fusion_shim.client.call",
          "fusion_shim.transport", "fusion_shim.protocol")
 # ... and what one that never imports NumPy must not load either
@@ -116,6 +117,38 @@ def test_importing_numpy_loads_interception_and_nothing_it_does_not_need(tmp_pat
     assert loaded(mods, LATER) == []
     assert loaded(mods, ("wrapt",)) == ["wrapt._wrappers", "wrapt.exceptions"]  # its C types, not its package
     assert "numpy.fft" not in mods  # NumPy loads it on first use; its rows are wrapped then
+
+
+# what importing NumPy under the shim loads beyond what plain `import numpy` does: interception alone
+AT_NUMPY = {"fusion_shim", "fusion_shim._hooks", "fusion_shim._native", "fusion_shim.config",
+            "fusion_shim.intercept", "fusion_shim.intercept.native", "fusion_shim.intercept.wrappers",
+            "fusion_shim.client", "fusion_shim.client.runtime", "fusion_shim.client.embedded",
+            "fusion_shim.client.rundir", "fusion_shim.procinfo", "fusion_shim.ledger", "fusion_shim.plan",
+            "fusion_shim.plan.cells", "fusion_shim.plan.cpuwins", "fusion_shim.plan.margins", "fusion_shim.catalog",
+            *(f"fusion_shim.catalog.{m}" for m in ("base", "products", "linalg", "fft", "scipy", "numba")),
+            "wrapt._wrappers", "wrapt.exceptions",  # wrapt's C types (D112)
+            "__future__", "atexit", "importlib.util", "importlib._abc"}  # the stdlib's, where NumPy loads none
+
+
+def test_importing_numpy_loads_these_modules_beyond_plain_numpy_and_no_others(tmp_path):
+    source = """\
+        import json, sys
+        before = set(sys.modules)
+        import numpy
+        print("MODULES " + json.dumps(sorted(set(sys.modules) - before)))
+    """
+    shimmed = modules_printed(run(tmp_path, source))
+    plain = modules_printed(run(tmp_path, source, env=clean_env()))
+    assert shimmed - plain - {"fusion_shim", "fusion_shim._hooks"} <= AT_NUMPY, sorted(shimmed - plain - AT_NUMPY)
+    assert {"fusion_shim.intercept", "fusion_shim.client.runtime", "wrapt._wrappers"} <= shimmed
+
+
+def test_a_program_that_counts_no_call_exits_without_loading_the_report_and_one_that_does_prints_it(tmp_path):
+    quiet_run = run(tmp_path, MODULES_AT_EXIT + "    import numpy\n")
+    assert "fusion_shim.report" not in modules_printed(quiet_run) and quiet_run.stderr == ""
+    busy = run(tmp_path, MODULES_AT_EXIT + "    import numpy as np\n    np.linalg.inv(np.eye(3))\n")
+    assert "fusion_shim.report" in modules_printed(busy)
+    assert "fusion_shim report" in busy.stderr and "linalg.inv" in busy.stderr
 
 
 def test_numpy_imported_late_inside_a_function_is_intercepted(tmp_path):

@@ -13,6 +13,8 @@ from . import bench
 from .kernels import DTYPES, Kernel
 from .kernels.common import _dt
 
+ONE_THREAD_MAX = 256 << 10  # D71: input bytes up to which a CPU kernel runs on the calling thread alone
+
 class TorchBackend:
     """Moves arrays to the device and back and runs kernels there; times each phase."""
 
@@ -29,6 +31,7 @@ class TorchBackend:
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         self._pinned: list[torch.Tensor] = []  # page-locked staging buffers, one per input slot
         self._staged = 0  # slots handed out since the last sync: a call's inputs each get their own
+        self._threads = torch.get_num_threads() if self.device.type == "cpu" else 0
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -73,7 +76,17 @@ class TorchBackend:
 
     def compute(self, kernel: Kernel, tensors: list, params: dict, layouts: list) -> list:
         """Device results in the layouts the client asked for. Inputs are cast to the compute dtype
-        (or each to its ``idtypes`` entry); results to ``rdtypes`` where NumPy returns another type."""
+        (or each to its ``idtypes`` entry); results to ``rdtypes`` where NumPy returns another type.
+        D71: on the CPU, a small call's kernel runs on this thread alone (no pool thread woken)."""
+        if self._threads > 1 and sum(t.nbytes for t in tensors if t is not None) <= ONE_THREAD_MAX:
+            torch.set_num_threads(1)
+            try:
+                return self._compute(kernel, tensors, params, layouts)
+            finally:
+                torch.set_num_threads(self._threads)
+        return self._compute(kernel, tensors, params, layouts)
+
+    def _compute(self, kernel: Kernel, tensors: list, params: dict, layouts: list) -> list:
         cdtype = DTYPES[np.dtype(params["cdtype"])]
         idtypes = params.get("idtypes") or [None] * len(tensors)  # per operand, where they differ
         rdtypes = params.get("rdtypes")

@@ -13,6 +13,8 @@ from . import bench
 from .kernels import DTYPES, Kernel
 from .kernels.common import _dt
 
+ONE_THREAD_MAX = 256 << 10  # D71: input bytes up to which a CPU kernel runs on the calling thread alone
+
 class TorchBackend:
     """Moves arrays to the device and back and runs kernels there; times each phase."""
 
@@ -29,9 +31,11 @@ class TorchBackend:
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
         self._pinned: list[torch.Tensor] = []  # page-locked staging buffers, one per input slot
         self._staged = 0  # slots handed out since the last sync: a call's inputs each get their own
+        self._threads = torch.get_num_threads() if self.device.type == "cpu" else 0
+        self._host = self.device.type == "cpu"  # D73: a CPU tensor is used as it came
 
     def sync(self) -> None:
-        if self.device.type == "cuda":
+        if not self._host and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self._staged = 0  # every staged copy has landed: the buffers are free again
 
@@ -40,6 +44,8 @@ class TorchBackend:
         (an input in a client's shared-memory segment): on a GPU it is copied into a
         page-locked buffer and sent from there asynchronously (the caller synchronizes before the
         next call reuses the buffer); on the CPU it is used in place."""
+        if self._host:
+            return torch.from_numpy(_aligned(a))
         if not (staged and self.device.type == "cuda" and a.size and a.dtype in DTYPES):
             return torch.from_numpy(_aligned(a)).to(self.device)
         buf = self._pin(self._staged, a.nbytes)[:a.nbytes]
@@ -73,13 +79,24 @@ class TorchBackend:
 
     def compute(self, kernel: Kernel, tensors: list, params: dict, layouts: list) -> list:
         """Device results in the layouts the client asked for. Inputs are cast to the compute dtype
-        (or each to its ``idtypes`` entry); results to ``rdtypes`` where NumPy returns another type."""
+        (or each to its ``idtypes`` entry); results to ``rdtypes`` where NumPy returns another type.
+        D71: on the CPU, a small call's kernel runs on this thread alone (no pool thread woken)."""
+        if self._threads > 1 and sum(t.nbytes for t in tensors if t is not None) <= ONE_THREAD_MAX:
+            torch.set_num_threads(1)
+            try:
+                return self._compute(kernel, tensors, params, layouts)
+            finally:
+                torch.set_num_threads(self._threads)
+        return self._compute(kernel, tensors, params, layouts)
+
+    def _compute(self, kernel: Kernel, tensors: list, params: dict, layouts: list) -> list:
         cdtype = DTYPES[np.dtype(params["cdtype"])]
         idtypes = params.get("idtypes") or [None] * len(tensors)  # per operand, where they differ
         rdtypes = params.get("rdtypes")
         if len(idtypes) != len(tensors):
             raise ValueError(f"{len(idtypes)} idtypes for {len(tensors)} operands")
-        results = kernel([t.to(cdtype if d is None else _dt(d)) for t, d in zip(tensors, idtypes)], params)
+        wanted = [cdtype if d is None else _dt(d) for d in idtypes]
+        results = kernel([t if t.dtype == w else t.to(w) for t, w in zip(tensors, wanted)], params)
         if len(results) != len(layouts) or (rdtypes is not None and len(rdtypes) != len(results)):
             raise ValueError(f"kernel made {len(results)} results, the call asked for {len(layouts)} layouts")
         if rdtypes is not None:  # NumPy's result types (single precision from a double computation)

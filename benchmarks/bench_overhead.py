@@ -58,6 +58,8 @@ def _bench(benchmark, loop, baseline=False):
 
 
 def _installed(**settings):
+    # an embedded worker that starts: on a host without a GPU one asked for as `auto` is deferred (D40)
+    settings.setdefault("device", "cpu")
     rt = fusion_shim.install(quiet=True, **settings)
     if rt.link is not None:
         assert rt.link.wait_ready(120), "worker not ready"  # its warm-up must not share the timing

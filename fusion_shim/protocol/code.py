@@ -62,6 +62,33 @@ class _Unpickler(pickle.Unpickler):
         return self.arrays[pid]
 
 
+# D174: what an answer from a worker may name: containers, NumPy's values, exceptions, and classes
+# the program itself defines; never a function, nor a class another module imported
+ANSWER_GLOBALS = frozenset(
+    [("builtins", n) for n in ("complex", "range", "slice", "bytearray", "bytes", "set", "frozenset", "tuple",
+                               "list", "dict", "object", "str", "int", "float", "bool")]
+    + [("collections", n) for n in ("OrderedDict", "deque", "defaultdict", "Counter")]
+    + [(m, n) for m in ("numpy._core.multiarray", "numpy.core.multiarray") for n in ("_reconstruct", "scalar")]
+    + [(m, "_frombuffer") for m in ("numpy._core.numeric", "numpy.core.numeric")]
+    + [("numpy", "dtype"), ("numpy", "ndarray")])
+
+
+class _AnswerUnpickler(_Unpickler):
+    def __init__(self, file: Any, arrays: list, modules: frozenset):
+        super().__init__(file, arrays)
+        self.modules = modules
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in ANSWER_GLOBALS:
+            return super().find_class(module, name)
+        owner = sys.modules.get(module)  # never imported on a worker's word
+        obj = getattr(owner, name, None) if owner is not None and "." not in name else None
+        if isinstance(obj, type) and obj.__module__ == module and (
+                issubclass(obj, BaseException) or module in self.modules):
+            return obj
+        raise pickle.UnpicklingError(f"a worker's answer may not name {module}.{name}")
+
+
 def dumps(obj: Any) -> tuple[bytes, list[np.ndarray]]:
     """``obj`` pickled, and the arrays left out of it, in the order of their ids."""
     buf, arrays = io.BytesIO(), []
@@ -72,6 +99,12 @@ def dumps(obj: Any) -> tuple[bytes, list[np.ndarray]]:
 def loads(data: Any, arrays: list) -> Any:
     """The object :func:`dumps` made, its arrays taken from ``arrays``."""
     return _Unpickler(io.BytesIO(memoryview(data).cast("B")), arrays).load()
+
+
+def loads_answer(data: Any, arrays: list, modules: frozenset) -> Any:
+    """A worker's answer, loaded as :func:`loads` does but naming only :data:`ANSWER_GLOBALS`,
+    exception classes, and classes defined in ``modules`` (the stage's own): D174."""
+    return _AnswerUnpickler(io.BytesIO(memoryview(data).cast("B")), arrays, modules).load()
 
 
 def by_value(fn: Callable) -> Any:

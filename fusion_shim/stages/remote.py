@@ -83,14 +83,31 @@ def send(link: Any, fn: Any, ref: dict | None, packed: Packed, held: set, deadli
     except wire.WireError as exc:
         raise transport.BadReply(str(exc)) from None
     results = [a if a.flags.aligned else a.copy(order="K") for a in got.results]
-    value = code.loads(got.payload, results)
-    for index, new in got.changed:  # arguments the stage changed in place, changed here too
-        if not 0 <= index < len(packed.arrays):
-            raise transport.BadReply(f"changed argument {index} is not among the {len(packed.arrays)} sent")
-        np.copyto(packed.arrays[index], new.reshape(packed.arrays[index].shape))
+    try:
+        value = code.loads_answer(got.payload, results, frozenset({getattr(fn, "__module__", None), "__main__"}))
+    except Exception as exc:  # a worker's answer is data: whatever it holds, the stage is computed here
+        raise transport.BadReply(f"a stage's answer does not load: {type(exc).__name__}: {exc}"[:300]) from None
+    changes = _changes(got.changed, packed.arrays)  # all checked before any argument is touched
+    for dst, new in changes:  # arguments the stage changed in place, changed here too
+        np.copyto(dst, new)
     changed = {index for index, _ in got.changed}
     for i, fp in enumerate(packed.fps):
         if fp is not None:
             (held.discard if i in changed else held.add)(fp)
     saved = sum(packed.arrays[i - 1].nbytes for i in refs)
     return Outcome(value, got.raised, got.worker_s, sent, received, len(refs), saved)
+
+
+def _changes(changed: list, arrays: list) -> list:
+    """(the caller's array, its new contents) for each argument the answer says changed; a change
+    that is not one of the arguments sent, in its size and dtype, is a bad reply."""
+    out = []
+    for index, new in changed:
+        if not (isinstance(index, int) and 0 <= index < len(arrays)):
+            raise transport.BadReply(f"changed argument {index!r} is not among the {len(arrays)} sent")
+        dst = arrays[index]
+        if new.dtype != dst.dtype or new.size != dst.size or not dst.flags.writeable:
+            raise transport.BadReply(f"changed argument {index} came back as {new.dtype}[{new.size}], "
+                                     f"not {dst.dtype}[{dst.size}] (or it cannot be written here)")
+        out.append((dst, new.reshape(dst.shape)))
+    return out

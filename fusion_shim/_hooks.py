@@ -59,6 +59,9 @@ class _Loader:
     def __init__(self, loader):
         self.loader = loader
 
+    def __getattr__(self, name):  # get_code, get_source, resources: what runpy and the launcher ask of it
+        return getattr(self.loader, name)
+
     def create_module(self, spec):
         return self.loader.create_module(spec)
 

@@ -199,7 +199,7 @@ def run_program(config: Any, script: str | None, module: str | None, args: list[
     os.environ.update(child_env, FUSION_SHIM="1")
     install(config, export_env=True)
     if module is not None:
-        code, main_mod, argv0 = _load_module(module)
+        code, main_mod, argv0 = _load_module(module, config.stages)
         if code is None:
             return 1
     else:
@@ -264,15 +264,15 @@ def _load_script(path: str, stages: tuple[str, ...] = ()) -> tuple[Any, types.Mo
     return code, main_mod, path
 
 
-def _main_stages(stages: tuple[str, ...], script: str) -> set[str]:
+def _main_stages(stages: tuple[str, ...], script: str | None, module: str | None = None) -> set[str]:
     if not stages:
         return set()
     from .stages.mark import main_qualnames
 
-    return main_qualnames(stages, script)
+    return main_qualnames(stages, script, module)
 
 
-def _load_module(name: str) -> tuple[Any, types.ModuleType | None, str]:
+def _load_module(name: str, stages: tuple[str, ...] = ()) -> tuple[Any, types.ModuleType | None, str]:
     sys.path[0] = os.getcwd()  # what `python -m` puts first
     try:
         spec = importlib.util.find_spec(name)
@@ -284,8 +284,16 @@ def _load_module(name: str) -> tuple[Any, types.ModuleType | None, str]:
     if spec is None or spec.loader is None:
         print(f"{sys.executable}: No module named {name}", file=sys.stderr)
         return None, None, name
-    code = spec.loader.get_code(spec.name)
+    marked = _main_stages(stages, None, spec.name.removesuffix(".__main__"))
+    source = spec.loader.get_source(spec.name) if marked and hasattr(spec.loader, "get_source") else None
     main_mod = types.ModuleType("__main__")
+    if source is not None:  # as for a script: its marked functions get a decorator (docs/stages.md)
+        from .stages.mark import compile_main, main_globals
+
+        code = compile_main(source.encode(), spec.origin, marked)
+        main_mod.__dict__.update(main_globals())
+    else:
+        code = spec.loader.get_code(spec.name)
     main_mod.__file__ = spec.origin
     main_mod.__builtins__ = builtins
     main_mod.__loader__ = spec.loader

@@ -64,10 +64,11 @@ def _owner(module: Any, qualname: str) -> tuple[Any, str]:
     return owner, parts[-1]
 
 
-def main_qualnames(specs: tuple[str, ...], script: str | None) -> set[str]:
-    """The qualnames marked in the main script: under ``__main__`` or the script's module name."""
-    stem = os.path.splitext(os.path.basename(script))[0] if script else None
-    return {q for m, q in split(specs) if m == "__main__" or (stem is not None and m == stem)}
+def main_qualnames(specs: tuple[str, ...], script: str | None, module: str | None = None) -> set[str]:
+    """The qualnames marked in the main script or ``-m`` module: under ``__main__``, the script's
+    name, or the module's."""
+    names = {"__main__", os.path.splitext(os.path.basename(script))[0] if script else None, module}
+    return {q for m, q in split(specs) if m in names}
 
 
 def compile_main(source: bytes, filename: str, qualnames: set[str]) -> Any:

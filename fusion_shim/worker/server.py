@@ -107,7 +107,8 @@ class Worker:
         if allow_code:
             from .stages import StageHost
 
-            self.stages = StageHost(allow_code, self.max_bytes)
+            device_type = getattr(getattr(backend, "device", None), "type", "cpu")
+            self.stages = StageHost(allow_code, self.max_bytes, device_type)
 
     def enable_shm(self, url: str) -> None:
         """Offer the shared-memory lane to clients of ``url``: same-host schemes only, never tcp."""

@@ -121,8 +121,34 @@ def _answer(conn: Connection, header: dict, buffers: list) -> None:
         conn.send_bytes(buf)
 
 
+DEVICE_URL = "inproc://fusion-shim-stage-device"
+SHIM_DEVICES = ("cuda",)  # D175: on the CPU, torch would use the same CPUs as NumPy, at a cost per call
+
+
+def device_shim(device: str) -> Any:
+    """D175: the stage's NumPy calls sent to ``device`` by a shim in this process (policy
+    ``remote``, a worker on an ``inproc://`` socket in a thread: no network). The first stage
+    call waits for it to be warm (torch imported, the host's self-benchmark reused, D58)."""
+    import torch
+
+    import fusion_shim
+
+    from .server import Worker, serve_in_thread
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("torch sees no CUDA device in this process")
+    serve_in_thread(DEVICE_URL, worker=Worker(device))
+    return fusion_shim.install(policy="remote", worker=DEVICE_URL, quiet=True)
+
+
 def main(argv: list[str]) -> int:
     conn = Connection(int(argv[0]))
+    if len(argv) > 1 and argv[1] in SHIM_DEVICES:
+        try:
+            device_shim(argv[1])
+        except Exception as exc:  # no device shim: the stages run with NumPy on this host's CPUs
+            print(f"fusion_shim stage process: NumPy calls stay on the CPU: {type(exc).__name__}: {exc}",
+                  file=sys.stderr)
     held = Held()
     while True:
         try:

@@ -44,8 +44,9 @@ def _versions() -> dict[str, str]:
 class StageHost:
     """``allow``: ``"any"`` (every authenticated principal) or ``"parent:PID"`` (that process only)."""
 
-    def __init__(self, allow: str, max_bytes: int):
+    def __init__(self, allow: str, max_bytes: int, device: str = "cpu"):
         self.allow, self.max_bytes = allow, max_bytes
+        self.device = device  # the worker's device type: a stage's NumPy calls go there (D175)
         self.versions = _versions()
         self.done: queue.SimpleQueue = queue.SimpleQueue()  # (routing identity, reply frames)
         self.children: dict[str, _Child] = {}
@@ -143,7 +144,8 @@ class _Child:
         env = {**os.environ, "FUSION_SHIM": "0"}
         pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, os.getcwd(), env.get("PYTHONPATH")) if p)
-        self.proc = subprocess.Popen([sys.executable, "-m", "fusion_shim.worker.stagechild", str(theirs.fileno())],
+        self.proc = subprocess.Popen([sys.executable, "-m", "fusion_shim.worker.stagechild", str(theirs.fileno()),
+                                      self.host.device],
                                      pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
         theirs.close()
         self.conn = Connection(ours.detach())

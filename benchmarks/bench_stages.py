@@ -80,10 +80,15 @@ def test_stage_chain_on_an_emulated_link(benchmark, tmp_path):
         link.wait_ready(600, curve)
         out["link"] = {"label": link.cond.label(), **link.measure(curve)}
 
-        def run() -> None:
+        def all_local() -> float:
             t = time.perf_counter()
-            want = [chain(A, X0.copy(), STEPS) for _ in range(CALLS)]
-            out["local_s"] = (time.perf_counter() - t) / CALLS
+            for _ in range(CALLS):
+                chain(A, X0.copy(), STEPS)
+            return (time.perf_counter() - t) / CALLS
+
+        def run() -> None:
+            want = [chain(A, X0.copy(), STEPS)]  # also the warm-up: BLAS threads, first-touch pages
+            out["local_first_s"] = all_local()
 
             rt = _install(link.url, keys, policy="remote")
             t = time.perf_counter()
@@ -113,6 +118,9 @@ def test_stage_chain_on_an_emulated_link(benchmark, tmp_path):
             out["auto_s"] = sum(r.wall_s for r in recs) / len(recs)
             out["auto_where"] = [r.kind for r in _stage_records(rt)]
             fusion_shim.uninstall()
+            # measured again last: the better of the two is the baseline auto is held to
+            out["local_last_s"] = all_local()
+            out["local_s"] = min(out["local_first_s"], out["local_last_s"])
 
         benchmark.pedantic(run, rounds=1, iterations=1)
     out["load_after"] = os.getloadavg()

@@ -189,3 +189,19 @@ def _compare_factors(op: str, got: Any, want: Any, inputs: list[np.ndarray]) -> 
         if _rel_err(g, w) > tol:
             return "factors differ"
     return None
+
+
+class Sampler:
+    """``--verify FRACTION``: true for every 1/FRACTION-th answer it is asked about, evenly spread."""
+
+    def __init__(self, fraction: float):
+        self.fraction, self._debt = fraction, 0.0
+
+    def __call__(self) -> bool:
+        if self.fraction <= 0:
+            return False
+        self._debt += self.fraction
+        if self._debt >= 1.0 - 1e-12:
+            self._debt -= 1.0
+            return True
+        return False

@@ -16,7 +16,7 @@ from ..config import Config
 from ..errors import VerificationError
 from ..ledger import Ledger, Record
 from ..plan import Planner
-from ..verify import compare
+from ..verify import Sampler, compare
 
 CRASH_LIMIT = 3  # D29: an op in flight this many times when the worker went down runs locally from then on
 
@@ -43,7 +43,7 @@ class Checks:
         self.ledger = ledger
         self.planner = planner
         self.guard = guard
-        self._debt = 0.0  # sampling: a call is checked each time this reaches 1
+        self._sampled = Sampler(config.verify)
         self.pinned_checks: dict[tuple, str] = {}  # op signature -> call site of the mismatch that pinned it
         self.crash_limit = CRASH_LIMIT
         self.crashes: dict[tuple, int] = {}  # (kernel id, input dtypes) -> times in flight when the worker went down
@@ -110,16 +110,6 @@ class Checks:
             np.copyto(done.prep.out, want)
             return done.prep.out
         return want
-
-    def _sampled(self) -> bool:
-        fraction = self.config.verify
-        if fraction <= 0:
-            return False
-        self._debt += fraction
-        if self._debt >= 1.0 - 1e-12:
-            self._debt -= 1.0
-            return True
-        return False
 
     def _pin(self, rec: Record) -> None:
         self.pinned_checks[signature(rec)] = rec.site

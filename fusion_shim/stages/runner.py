@@ -13,6 +13,7 @@ import numpy as np
 from .. import transport
 from ..errors import FallbackError
 from ..ledger import Record, call_site
+from ..verify import Sampler
 from .decide import Decider, Measured, array_bytes, shape_key
 from .state import Raised, depth as _depth
 
@@ -41,17 +42,7 @@ class Runner:
         self.decider = Decider(rt.config.policy)
         self.held: dict[str, set] = {}       # link url -> fingerprints its stage process holds
         self.by_value: set[str] = set()      # stages whose reference the worker could not import
-        self._debt = 0.0  # --verify's share, as in client.checks: every 1/fraction-th call is checked
-
-    def sampled(self) -> bool:
-        fraction = self.config.verify
-        if fraction <= 0:
-            return False
-        self._debt += fraction
-        if self._debt >= 1.0 - 1e-12:
-            self._debt -= 1.0
-            return True
-        return False
+        self.sampled = Sampler(rt.config.verify)  # --verify's share of stage calls
 
     def call(self, stage: Any, args: tuple, kwargs: dict) -> Any:
         if getattr(_depth, "n", 0):

@@ -6,6 +6,7 @@ import os
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from fusion_shim.stages.decide import FIRST_LOCAL, Decider, Measured, shape_key
 from tests.helpers.shims import install
@@ -65,17 +66,13 @@ def _kinds(rt, name):
     return [r.kind for r in rt.ledger.records if r.op == f"stage tests.stage.stagefns:{name}"]
 
 
-def test_auto_moves_a_stage_that_is_slower_here_to_the_worker(code_worker):
-    rt = install(code_worker[0], policy="auto", stages=("tests.stage.stagefns:slow_here",))
-    a = np.ones(4)
+@pytest.mark.parametrize("name, kinds", [
+    ("slow_here", ["local", "local", "worker", "worker", "worker", "worker"]),  # moves to the worker
+    ("slow_elsewhere", ["local", "local", "worker", "local", "local", "local"]),  # stays here once measured
+])
+def test_auto_places_a_stage_where_it_measured_faster(code_worker, name, kinds):
+    rt = install(code_worker[0], policy="auto", stages=(f"tests.stage.stagefns:{name}",))
+    fn, a = getattr(stagefns, name), np.ones(4)
     for _ in range(6):
-        np.testing.assert_array_equal(stagefns.slow_here(os.getpid(), a), a * 2)
-    assert _kinds(rt, "slow_here") == ["local", "local", "worker", "worker", "worker", "worker"]
-
-
-def test_auto_keeps_a_stage_here_once_the_worker_measures_slower(code_worker):
-    rt = install(code_worker[0], policy="auto", stages=("tests.stage.stagefns:slow_elsewhere",))
-    a = np.ones(4)
-    for _ in range(6):
-        np.testing.assert_array_equal(stagefns.slow_elsewhere(os.getpid(), a), a * 2)
-    assert _kinds(rt, "slow_elsewhere") == ["local", "local", "worker", "local", "local", "local"]
+        np.testing.assert_array_equal(fn(os.getpid(), a), a * 2)
+    assert _kinds(rt, name) == kinds

@@ -141,11 +141,13 @@ def stage_header(rid: int, fn: dict | None, versions: dict, deadline_s: float) -
 
 
 def stage_result(rid: int, payload: np.ndarray, results: Sequence[np.ndarray], changed: Sequence[int],
-                 changed_arrays: Sequence[np.ndarray], raised: bool, timing: dict) -> Reply:
+                 changed_arrays: Sequence[np.ndarray], raised: bool, timing: dict, note: str = "") -> Reply:
     """A stage's answer: its pickled return value (or exception), the arrays it refers to, then the
     arguments changed in place (``changed``: their indices among the request's arrays after the payload)."""
     header = {"t": "result", "id": rid, "timing": timing, "nres": len(results), "changed": list(changed),
               "raised": bool(raised)}
+    if note:  # what the report should say of where the stage's NumPy ran (D175)
+        header["note"] = note
     return Reply(header, [payload, *results, *changed_arrays])
 
 
@@ -156,6 +158,7 @@ class StageAnswer(NamedTuple):
     changed: list  # (index among the request's arrays after its payload, its new contents)
     raised: bool
     worker_s: float
+    note: str = ""
 
 
 def read_stage(reply: dict, arrays: list) -> StageAnswer:
@@ -171,4 +174,5 @@ def read_stage(reply: dict, arrays: list) -> StageAnswer:
     worker_s = timing.get("stage", 0.0)
     worker_s = float(worker_s) if isinstance(worker_s, (int, float)) and math.isfinite(worker_s) else 0.0
     return StageAnswer(arrays[0], list(arrays[1:1 + nres]), list(zip(changed, arrays[1 + nres:])),
-                       reply.get("raised") is True, max(worker_s, 0.0))
+                       reply.get("raised") is True, max(worker_s, 0.0),
+                       str(reply["note"])[:300] if isinstance(reply.get("note"), str) else "")

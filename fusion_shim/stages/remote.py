@@ -46,6 +46,7 @@ class Outcome(NamedTuple):
     received: int
     by_ref: int     # inputs the worker already held
     saved: int      # ... and their bytes
+    note: str = ""  # the worker's word on where the stage's NumPy ran (D175)
 
 
 def send(link: Any, fn: Any, ref: dict | None, packed: Packed, held: set, deadline_s: float) -> Outcome:
@@ -95,7 +96,7 @@ def send(link: Any, fn: Any, ref: dict | None, packed: Packed, held: set, deadli
         if fp is not None:
             (held.discard if i in changed else held.add)(fp)
     saved = sum(packed.arrays[i - 1].nbytes for i in refs)
-    return Outcome(value, got.raised, got.worker_s, sent, received, len(refs), saved)
+    return Outcome(value, got.raised, got.worker_s, sent, received, len(refs), saved, got.note)
 
 
 def _changes(changed: list, arrays: list) -> list:

@@ -42,6 +42,7 @@ class Runner:
         self.decider = Decider(rt.config.policy)
         self.held: dict[str, set] = {}       # link url -> fingerprints its stage process holds
         self.by_value: set[str] = set()      # stages whose reference the worker could not import
+        self.noted: set[str] = set()         # the worker's notes already said as events
         self.sampled = Sampler(rt.config.verify)  # --verify's share of stage calls
 
     def call(self, stage: Any, args: tuple, kwargs: dict) -> Any:
@@ -134,6 +135,9 @@ class Runner:
                 link.fault(exc)
             return False, None
         wall = time.perf_counter() - t
+        if out.note and out.note not in self.noted:
+            self.noted.add(out.note)
+            self.rt.ledger.event(f"stage {name}: {out.note}")
         rec.kind, rec.worker = "worker", link.index
         rec.bytes_sent, rec.bytes_received = out.sent, out.received
         rec.resident_hits, rec.bytes_saved = out.by_ref, out.saved

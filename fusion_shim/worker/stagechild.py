@@ -23,6 +23,7 @@ from ..protocol.fingerprint import fingerprint
 from ..protocol.wire import to_wire
 
 KEEP_BYTES = 2 << 30  # arrays kept for later jobs of this principal
+NOTE = {"text": ""}  # said with every answer: why the stage's NumPy calls stay on the CPU, if they do
 
 
 class Held:
@@ -110,7 +111,7 @@ def run_job(conn: Connection, held: Held) -> None:
         raised = True
         data, results = code.dumps(TypeError(f"the stage's {what} does not pickle: {type(exc).__name__}: {exc}"))
     wired = [to_wire(a) for a in (*results, *(arrays[i] for i in changed))]
-    header = {"ok": True, "raised": raised, "nres": len(results), "changed": changed, "stage_s": took,
+    header = {"ok": True, "raised": raised, "nres": len(results), "changed": changed, "stage_s": took, "note": NOTE["text"],
               "metas": [meta for meta, _ in wired]}
     _answer(conn, header, [data, *(buf for _, buf in wired)])
 
@@ -147,8 +148,8 @@ def main(argv: list[str]) -> int:
         try:
             device_shim(argv[1])
         except Exception as exc:  # no device shim: the stages run with NumPy on this host's CPUs
-            print(f"fusion_shim stage process: NumPy calls stay on the CPU: {type(exc).__name__}: {exc}",
-                  file=sys.stderr)
+            NOTE["text"] = (f"its NumPy calls ran on the worker's CPUs, not its {argv[1]} device: "
+                            f"{type(exc).__name__}: {exc}")[:300]
     held = Held()
     while True:
         try:

@@ -203,4 +203,5 @@ class _Child:
                for b, m in zip(bufs[1:], answer["metas"])]
         nres = answer["nres"]
         return messages.stage_result(rid, np.frombuffer(bufs[0], np.uint8), out[:nres], answer["changed"],
-                                     out[nres:], answer["raised"], {"stage": answer["stage_s"]})
+                                     out[nres:], answer["raised"], {"stage": answer["stage_s"]},
+                                     str(answer.get("note") or ""))

@@ -50,3 +50,12 @@ def test_a_stage_process_whose_device_cannot_start_still_runs_the_stage(code_wor
     got = stagefns.chain(A, X.copy(), 3)
     assert [r for r in rt.ledger.records if r.op == "stage tests.stage.stagefns:chain"][-1].kind == "worker"
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)  # a GPU's sums may round otherwise
+    if not _torch_sees_cuda():  # said in the report, not only on the worker's stderr
+        said = [e for e in rt.ledger.events if "NumPy calls ran on the worker's CPUs, not its cuda" in str(e)]
+        assert said, rt.ledger.events
+
+
+def _torch_sees_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -121,6 +121,9 @@ class Ledger:
         # seconds the shim spent starting, per phase (bootstrap, launcher, interception at NumPy's
         # import, each part made on first need): kept apart from every call's time
         self.startup: dict[str, float] = {}
+        # thread id -> a list that gets that thread's records too, uncapped (a stage measured here
+        # counts the calls it made: :mod:`fusion_shim.stages.runner`)
+        self.taps: dict[int, list[Record]] = {}
 
     def clear(self) -> None:
         """Forget every record, aggregate and event (a new phase of a run; tests)."""
@@ -185,6 +188,10 @@ class Ledger:
                 self.records.append(rec)
             else:
                 self.dropped += 1
+            if self.taps:
+                tap = self.taps.get(rec.thread)
+                if tap is not None:
+                    tap.append(rec)
 
     def snapshot_ops(self) -> dict[str, dict[str, Any]]:
         """The per-op aggregates now, the size floor's counts included (a copy)."""

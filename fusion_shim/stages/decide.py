@@ -3,14 +3,15 @@
 Per stage and argument shapes: its first ``FIRST_LOCAL`` calls run here and are timed (the
 intercepted calls inside them counted); a remote run is then predicted from the link (the bytes to
 send and to bring back, at what the link has shown per byte, plus its round trip) and the worker's
-time (its own measured time once it ran there, else this host's: D173), and taken when it wins by
-``MARGIN``. The other place is measured again only while that costs at most ``EXPLORE_SHARE`` of
+time, and taken when it wins by ``MARGIN``. The worker's time is its own measurement once the stage
+ran there (D173); before that, this host's time with the intercepted calls inside priced by the
+worker's per-op models (``price``, D176). The other place is measured again only while that costs at most ``EXPLORE_SHARE`` of
 the time this stage has taken so far, and at least every ``REMEASURE_AFTER`` calls.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 FIRST_LOCAL = 2
 MARGIN = 1.1           # D173: remote must be predicted this much faster
@@ -36,6 +37,8 @@ class Measured(NamedTuple):
     unsent: int = 0          # input bytes that travelled by value
     inner: dict | None = None
     result_bytes: int = 0
+    inner_s: float = 0.0     # of wall_s, the time in the intercepted calls of ``priced``
+    priced: dict | None = None  # those calls: plan.Call -> how many
 
 
 @dataclass
@@ -52,6 +55,11 @@ class Stats:
     spent_s: float = 0.0
     since: dict = field(default_factory=lambda: {"local": 0, "remote": 0})  # calls since each was measured
     inner: dict = field(default_factory=dict)
+    priced: dict = field(default_factory=dict)  # the latest local run's priced calls: plan.Call -> how many
+    inner_s: float | None = None  # ... and their seconds here
+
+
+Price = Callable[[dict], "float | None"]  # the worker's seconds for {plan.Call: calls}, None: cannot say
 
 
 def _ewma(old: float | None, new: float) -> float:
@@ -102,7 +110,7 @@ class Decider:
             s = self.stats[key] = Stats()
         return s
 
-    def choose(self, name: str, key: tuple, link: Any, input_bytes: int = 0) -> Choice:
+    def choose(self, name: str, key: tuple, link: Any, input_bytes: int = 0, price: Price | None = None) -> Choice:
         s = self._stats(key)
         s.calls += 1
         s.input_bytes = input_bytes or s.input_bytes
@@ -114,26 +122,39 @@ class Decider:
             return Choice("remote", "policy remote")
         if s.local_n < FIRST_LOCAL:
             return Choice("local", f"first {FIRST_LOCAL} calls run here and are measured")
-        remote_s = self.predict_remote(s, link)
+        remote_s, basis = self.predict_remote(s, link, price)
         local_s = s.local_s or 0.0
         best, other = ("remote", "local") if remote_s * MARGIN < local_s else ("local", "remote")
         extra = abs(remote_s - local_s)
         due = s.since[other] >= REMEASURE_AFTER or (other == "remote" and s.remote_n == 0)
         if due and extra <= EXPLORE_SHARE * s.spent_s:
             return Choice(other, f"exploring: {other} measured again (predicted {remote_s:.3g}s there, "
-                                 f"{local_s:.3g}s here)", local_s, remote_s)
-        return Choice(best, f"predicted {remote_s:.3g}s there vs {local_s:.3g}s here (margin {MARGIN})",
+                                 f"{basis}, {local_s:.3g}s here)", local_s, remote_s)
+        return Choice(best, f"predicted {remote_s:.3g}s there ({basis}) vs {local_s:.3g}s here (margin {MARGIN})",
                       local_s, remote_s)
 
-    def predict_remote(self, s: Stats, link: Any) -> float:
+    def predict_remote(self, s: Stats, link: Any, price: Price | None = None) -> tuple[float, str]:
+        """(seconds, what the worker's share rests on)."""
         rtt = getattr(link, "rtt_s", None) or 0.0
         per_byte = s.s_per_byte
         if per_byte is None:
             bw = getattr(link, "bandwidth", None)
             per_byte = 1.0 / (min(bw) if bw else DEFAULT_BYTES_S)
         unsent = s.input_bytes if s.unsent is None else s.unsent
-        worker_s = s.worker_s if s.worker_s is not None else (s.local_s or 0.0)
-        return rtt + per_byte * (unsent + s.result_bytes) + worker_s
+        worker_s, basis = self._worker_s(s, price)
+        return rtt + per_byte * (unsent + s.result_bytes) + worker_s, basis
+
+    @staticmethod
+    def _worker_s(s: Stats, price: Price | None) -> tuple[float, str]:
+        if s.worker_s is not None:
+            return s.worker_s, "measured there"
+        local_s = s.local_s or 0.0
+        there = price(s.priced) if price is not None and s.priced else None
+        if there is None:
+            return local_s, "the worker assumed as fast as here"
+        n = sum(s.priced.values())
+        # D176: the stage's own Python and the calls not intercepted run there as fast as here
+        return max(local_s - (s.inner_s or 0.0), 0.0) + there, f"the worker's models for its {n} calls inside"
 
     def learn(self, name: str, key: tuple, m: Measured) -> None:
         s = self._stats(key)
@@ -144,6 +165,8 @@ class Decider:
         if m.where == "local":
             s.local_n += 1
             s.local_s = _ewma(s.local_s, m.wall_s)
+            if m.priced:  # a run whose inner calls all stayed under their floors has no records of them
+                s.priced, s.inner_s = m.priced, m.inner_s
             for op, (n, nbytes) in (m.inner or {}).items():
                 got = s.inner.setdefault(op, [0, 0])
                 got[0] += n

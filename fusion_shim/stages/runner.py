@@ -50,7 +50,8 @@ class Runner:
             return stage.fn(*args, **kwargs)
         key = shape_key(stage.name, args, kwargs)
         link = self._link()
-        choice = self.decider.choose(stage.name, key, link, array_bytes((args, kwargs)))
+        choice = self.decider.choose(stage.name, key, link, array_bytes((args, kwargs)),
+                                     None if link is None else self._pricer(link))
         rec = Record(f"stage {stage.name}", "stage", site=call_site(3), reason=choice.reason,
                      predicted_local_s=choice.local_s, predicted_remote_s=choice.remote_s,
                      thread=threading.get_ident(), kind="local")
@@ -78,9 +79,21 @@ class Runner:
             link.wait_ready(self.config.ready_timeout, while_starting=True)
         return link if link.ready.is_set() else None
 
+    def _pricer(self, link: Any) -> Any:
+        """The worker's seconds for a stage's intercepted calls, from its per-op models (D176)."""
+        planner = self.rt.made_planner()
+        if planner is None or link.index >= len(planner.profile.workers):
+            return None
+        device = planner.profile.workers[link.index].device
+
+        def price(calls: dict) -> float:
+            return sum(n * device.predict(c.op, c.family, c.dtype, c.flops)[0] for c, n in calls.items())
+        return price
+
     def _local(self, stage: Any, key: tuple, args: tuple, kwargs: dict, rec: Record, t: float) -> Any:
         ledger = self.rt.ledger
-        before = len(ledger.records)
+        seen: list[Record] = []
+        ledger.taps[rec.thread] = seen
         _depth.n = getattr(_depth, "n", 0) + 1
         try:
             value = stage.fn(*args, **kwargs)
@@ -89,10 +102,11 @@ class Runner:
             raise
         finally:
             _depth.n -= 1
+            ledger.taps.pop(rec.thread, None)
             rec.wall_s = rec.phases["local"] = time.perf_counter() - t
-            inner = _inner(ledger, before, rec.thread)
-            self.decider.learn(stage.name, key, Measured("local", rec.wall_s, inner=inner,
-                                                          result_bytes=0))
+            inner, priced, inner_s = _inner(seen)
+            self.decider.learn(stage.name, key, Measured("local", rec.wall_s, inner=inner, inner_s=inner_s,
+                                                          priced=priced))
             ledger.add(rec)
         self.decider.note_result(stage.name, key, array_bytes(value))
         return value
@@ -151,12 +165,20 @@ class Runner:
         return True, value
 
 
-def _inner(ledger: Any, before: int, thread: int) -> dict:
-    """The intercepted calls a stage made while it ran here: op -> [calls, input bytes]."""
+def _inner(seen: list[Record]) -> tuple[dict, dict, float]:
+    """The intercepted calls a stage made while it ran here: op -> [calls, input bytes]; the ones
+    the planner priced, plan.Call -> calls; and the seconds those took."""
     inner: dict[str, list] = {}
-    for r in ledger.records[before:]:
-        if r.thread == thread and not r.op.startswith("stage "):
-            got = inner.setdefault(r.op, [0, 0])
-            got[0] += 1
-            got[1] += sum(math.prod(shape) * np.dtype(dt).itemsize for shape, dt in zip(r.shapes, r.dtypes))
-    return inner
+    calls: dict[Any, int] = {}
+    inner_s = 0.0
+    for r in seen:
+        if r.op.startswith("stage "):
+            continue
+        got = inner.setdefault(r.op, [0, 0])
+        got[0] += 1
+        got[1] += sum(math.prod(shape) * np.dtype(dt).itemsize for shape, dt in zip(r.shapes, r.dtypes))
+        planned = getattr(r, "plan", None)
+        if planned is not None:
+            calls[planned.call] = calls.get(planned.call, 0) + 1
+            inner_s += r.wall_s
+    return inner, calls, inner_s

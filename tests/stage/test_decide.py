@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from fusion_shim.plan import Call
 from fusion_shim.stages.decide import FIRST_LOCAL, Decider, Measured, shape_key
 from tests.helpers.shims import install
 from tests.stage import stagefns
@@ -49,6 +50,43 @@ def test_exploration_waits_while_it_costs_more_than_its_share():
         d.learn("s", KEY, Measured("remote", 1.0, worker_s=0.9, sent=8, received=8, unsent=8))
 
 
+MATMUL = Call("numpy.matmul", "products", "f8", 2e9, 64, 64)
+
+
+def _measured_here(d, priced, inner_s=0.9):
+    for _ in range(FIRST_LOCAL):
+        d.choose("s", KEY, LINK, 64)
+        d.learn("s", KEY, Measured("local", 1.0, inner_s=inner_s, priced=priced))
+
+
+def test_before_its_first_run_there_a_stage_is_priced_by_the_workers_models_of_its_calls():
+    d = Decider("auto")
+    _measured_here(d, {MATMUL: 3})
+    fast = d.choose("s", KEY, LINK, 64, price=lambda calls: 0.01 * sum(calls.values()))
+    assert fast.where == "remote" and "the worker's models for its 3 calls inside" in fast.reason
+    # here's 0.1 s outside the intercepted calls, the worker's 3 x 0.01 s, the round trip and the bytes
+    assert fast.remote_s == pytest.approx(0.1 + 0.03 + 1e-3 + 64e-9)
+    slow = d.choose("s", KEY, LINK, 64, price=lambda calls: 1.0 * sum(calls.values()))
+    assert slow.where == "local" and not slow.reason.startswith("exploring")  # 2.1 s more: over its share
+    assert slow.remote_s == pytest.approx(0.1 + 3.0 + 1e-3 + 64e-9)
+
+
+def test_without_the_workers_models_a_stage_is_assumed_as_fast_there_and_explored():
+    d = Decider("auto")
+    _measured_here(d, {MATMUL: 3})
+    for price in (None, lambda calls: None):
+        c = d.choose("s", KEY, LINK, 64, price=price)
+        assert c.where == "remote" and c.reason.startswith("exploring") and "assumed as fast as here" in c.reason
+
+
+def test_a_run_whose_calls_went_unrecorded_keeps_the_calls_seen_before():
+    d = Decider("auto")
+    _measured_here(d, {MATMUL: 3})
+    d.learn("s", KEY, Measured("local", 1.0))  # its calls stayed under their floors this time
+    c = d.choose("s", KEY, LINK, 64, price=lambda calls: 0.01 * sum(calls.values()))
+    assert "its 3 calls inside" in c.reason and c.remote_s == pytest.approx(0.131, abs=1e-3)
+
+
 def test_a_pinned_stage_runs_here_and_policy_remote_sends_the_rest():
     d = Decider("remote")
     assert d.choose("a", KEY, LINK).where == "remote"
@@ -76,3 +114,21 @@ def test_auto_places_a_stage_where_it_measured_faster(code_worker, name, kinds):
     for _ in range(6):
         np.testing.assert_array_equal(fn(os.getpid(), a), a * 2)
     assert _kinds(rt, name) == kinds
+
+
+def test_a_stage_goes_where_the_workers_models_price_its_calls_before_it_ran_there(code_worker):
+    """SIMULATED: the worker's products model is set 10^6 times faster than any device; its real
+    stage time is never measured before the decision that this test checks. ``min_flops`` keeps the
+    products inside here, so that no measured call corrects that model meanwhile."""
+    rng = np.random.default_rng(5)
+    A, X = rng.standard_normal((1024, 1024)), rng.standard_normal((1024, 128))
+    expected = stagefns.chain(A, X, 10)  # plain NumPy: the shim is not installed yet
+    rt = install(code_worker[0], policy="auto", min_flops=1e12, stages=("tests.stage.stagefns:chain",))
+    rt.planner.profile.workers[0].device.set_curve("products", "f8", [(1e9, 1e-6)])
+    rt.planner.refresh_floors()
+    for _ in range(FIRST_LOCAL + 1):
+        np.testing.assert_allclose(stagefns.chain(A, X, 10), expected, rtol=1e-10)
+    stages = [r for r in rt.ledger.records if r.op == "stage tests.stage.stagefns:chain"]
+    assert [r.kind for r in stages] == ["local"] * FIRST_LOCAL + ["worker"], [(r.wall_s, r.reason) for r in stages]
+    assert stages[-1].reason.startswith("predicted"), stages[-1].reason  # decided, not explored
+    assert "the worker's models for its 10 calls inside" in stages[-1].reason, stages[-1].reason

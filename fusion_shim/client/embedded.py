@@ -41,9 +41,9 @@ def parallel_blas() -> bool:
     return cpus > 1 and not any(os.environ.get(v, "").strip() == "1" for v in THREAD_VARS)
 
 
-def spawn(url: str, tmpdir: str, device: str, policy: str, code: bool = False) -> subprocess.Popen:
+def spawn(url: str, tmpdir: str, device: str, policy: str) -> subprocess.Popen:
     """Start the worker bound at ``url``, its output to ``tmpdir``/worker.log; under ``auto`` at idle
-    priority (:func:`lower_priority`); ``code``: it runs this program's stages (docs/stages.md)."""
+    priority (:func:`lower_priority`). It runs this process's stages, and no other's (D177)."""
     import subprocess
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
@@ -52,9 +52,7 @@ def spawn(url: str, tmpdir: str, device: str, policy: str, code: bool = False) -
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
     log = open(os.path.join(tmpdir, "worker.log"), "ab")
     cmd = [sys.executable, "-m", "fusion_shim", "worker", "--bind", url, "--device", device,
-           "--parent-pid", str(os.getpid())]
-    if code:  # D172: from this process alone
-        cmd += ["--allow-code", "parent"]
+           "--parent-pid", str(os.getpid()), "--allow-code", "parent"]
     # D21: a process group of its own (Ctrl-C is the program's), in the program's session, whose
     # scheduling group it then shares
     group = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}

@@ -129,8 +129,7 @@ class WorkerLink:
     def _spawn(self) -> None:
         self.make_tmpdir()
         self.url = f"ipc://{self.tmpdir}/worker-{self.restarts}.sock"
-        self.proc = embedded.spawn(self.url, self.tmpdir, self.config.device, self.config.policy,
-                                   bool(self.config.stages))
+        self.proc = embedded.spawn(self.url, self.tmpdir, self.config.device, self.config.policy)
         self.state = "starting"  # a cold worker: under policy remote calls wait for it, as at start
         self.ledger.event(f"embedded worker started (pid {self.proc.pid}) at {self.url}")
 

@@ -207,6 +207,17 @@ def decode_header(frame: Any) -> dict:
     return header
 
 
+_STAGE_TYPE = msgpack.packb("t") + msgpack.packb("stage")
+
+
+def may_be_stage(frame: Any) -> bool:
+    """Whether a header frame may be a ``stage`` request, without decoding it: its type as this
+    package encodes it. A false yes is decoded and found not a stage; a stage encoded otherwise
+    is refused by the call path, never run."""
+    raw = _frame_bytes(frame)
+    return raw.nbytes <= MAX_HEADER and _STAGE_TYPE in raw.tobytes()
+
+
 def _check_fp(fp: Any) -> str:
     if not isinstance(fp, str) or len(fp) != FP_LEN or any(c not in "0123456789abcdef" for c in fp):
         raise WireError(f"fingerprint must be {FP_LEN} lowercase hex digits")

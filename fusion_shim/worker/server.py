@@ -103,12 +103,19 @@ class Worker:
         self.fingerprint_mismatches: dict[str, int] = {}  # principal -> inputs not hashing to their tag
         self.shm: ShmMapper | None = None  # clients' segments, on a same-host link
         self.principal = ANON  # whose request is being handled
-        self.stages = None  # code from clients (docs/stages.md): only with allow_code
-        if allow_code:
+        self.allow_code = allow_code  # code from clients (docs/stages.md)
+        self.stages = None  # its host, made at the first stage request (D177)
+
+    def stage_host(self, frames: list) -> Any:
+        """The stage host where ``frames`` may be a stage request this worker could take, else None."""
+        if not self.allow_code or len(frames) < 2 or not wire.may_be_stage(frames[1]):
+            return None
+        if self.stages is None:
             from .stages import StageHost
 
-            device_type = getattr(getattr(backend, "device", None), "type", "cpu")
-            self.stages = StageHost(allow_code, self.max_bytes, device_type)
+            device_type = getattr(getattr(self.backend, "device", None), "type", "cpu")
+            self.stages = StageHost(self.allow_code, self.max_bytes, device_type)
+        return self.stages
 
     def enable_shm(self, url: str) -> None:
         """Offer the shared-memory lane to clients of ``url``: same-host schemes only, never tcp."""
@@ -492,11 +499,11 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
     if ready is not None:
         ready.set()
     inbox = Inbox(sock, keys is not None)  # D69: bytes waiting, bounded per principal
-    stages = getattr(worker, "stages", None)  # D171: answered from their own threads
     try:
         # hellos that arrive meanwhile wait: nobody is told "ready" early
         inbox.running(lambda: worker.warm(shared=parent_pid is not None))
         while stop is None or not stop.is_set():
+            stages = getattr(worker, "stages", None)  # D171: answered from their own threads
             if stages is not None:
                 _send_stage_replies(inbox, stages)
             got = inbox.next(200 if stages is None else stages.poll_ms(200))
@@ -508,7 +515,7 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
             frames, principal = got
             if on_request is not None:
                 on_request(frames[1:])
-            if stages is not None and stages.take(frames, principal):
+            if (host := worker.stage_host(frames)) is not None and host.take(frames, principal):
                 continue
             reply = inbox.running(lambda: worker.handle(frames[1:], principal))
             try:
@@ -520,8 +527,8 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
                 print(f"fusion_shim worker: reply not sent: {exc}", file=sys.stderr)
             worker.idle()
     finally:
-        if stages is not None:
-            stages.close()
+        if getattr(worker, "stages", None) is not None:
+            worker.stages.close()
         inbox.close()
         sock.close(linger=0)
         if worker.shm is not None:

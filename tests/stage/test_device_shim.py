@@ -41,8 +41,10 @@ def test_a_stage_process_sends_the_stages_numpy_calls_to_its_device_worker():
 
 
 def test_a_stage_process_whose_device_cannot_start_still_runs_the_stage(code_worker):
+    from fusion_shim.worker.stages import StageHost
+
     url, worker = code_worker
-    worker.stages.device = "cuda"  # as on a GPU worker; torch here sees no CUDA device
+    worker.stages = StageHost(worker.allow_code, worker.max_bytes, "cuda")  # as a GPU worker's; torch sees none
     rng = np.random.default_rng(6)
     A, X = rng.standard_normal((64, 64)), rng.standard_normal((64, 8))
     want = stagefns.chain(A, X.copy(), 3)

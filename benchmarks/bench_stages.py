@@ -117,6 +117,7 @@ def test_stage_chain_on_an_emulated_link(benchmark, tmp_path):
             recs = _stage_records(rt)[-CALLS:]
             out["auto_s"] = sum(r.wall_s for r in recs) / len(recs)
             out["auto_where"] = [r.kind for r in _stage_records(rt)]
+            out["auto_reasons"] = [r.reason for r in _stage_records(rt)]
             fusion_shim.uninstall()
             # measured again last: the better of the two is the baseline auto is held to
             out["local_last_s"] = all_local()

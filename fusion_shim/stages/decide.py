@@ -136,13 +136,14 @@ class Decider:
     def predict_remote(self, s: Stats, link: Any, price: Price | None = None) -> tuple[float, str]:
         """(seconds, what the worker's share rests on)."""
         rtt = getattr(link, "rtt_s", None) or 0.0
-        per_byte = s.s_per_byte
-        if per_byte is None:
-            bw = getattr(link, "bandwidth", None)
-            per_byte = 1.0 / (min(bw) if bw else DEFAULT_BYTES_S)
         unsent = s.input_bytes if s.unsent is None else s.unsent
+        if s.s_per_byte is not None:  # what stage calls measured, both ways
+            moving = s.s_per_byte * (unsent + s.result_bytes)
+        else:
+            up, down = getattr(link, "bandwidth", None) or (DEFAULT_BYTES_S, DEFAULT_BYTES_S)
+            moving = unsent / up + s.result_bytes / down
         worker_s, basis = self._worker_s(s, price)
-        return rtt + per_byte * (unsent + s.result_bytes) + worker_s, basis
+        return rtt + moving + worker_s, basis
 
     @staticmethod
     def _worker_s(s: Stats, price: Price | None) -> tuple[float, str]:
@@ -165,7 +166,8 @@ class Decider:
         if m.where == "local":
             s.local_n += 1
             s.local_s = _ewma(s.local_s, m.wall_s)
-            if m.priced:  # a run whose inner calls all stayed under their floors has no records of them
+            # calls that stayed under their floors leave no record: the run that showed most is kept
+            if m.priced and sum(m.priced.values()) >= sum(s.priced.values()):
                 s.priced, s.inner_s = m.priced, m.inner_s
             for op, (n, nbytes) in (m.inner or {}).items():
                 got = s.inner.setdefault(op, [0, 0])

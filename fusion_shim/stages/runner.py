@@ -77,7 +77,11 @@ class Runner:
             return None
         if self.config.policy == "remote" and not link.ready.is_set():
             link.wait_ready(self.config.ready_timeout, while_starting=True)
-        return link if link.ready.is_set() else None
+        if not link.ready.is_set():
+            return None
+        if link.bandwidth is None:  # D176: a stage's bytes are priced at the link's measured speed
+            link.measure_bandwidth_soon()
+        return link
 
     def _pricer(self, link: Any) -> Any:
         """The worker's seconds for a stage's intercepted calls, from its per-op models (D176)."""

@@ -83,6 +83,7 @@ def test_a_run_whose_calls_went_unrecorded_keeps_the_calls_seen_before():
     d = Decider("auto")
     _measured_here(d, {MATMUL: 3})
     d.learn("s", KEY, Measured("local", 1.0))  # its calls stayed under their floors this time
+    d.learn("s", KEY, Measured("local", 1.0, inner_s=0.3, priced={MATMUL: 1}))  # ... most of them
     c = d.choose("s", KEY, LINK, 64, price=lambda calls: 0.01 * sum(calls.values()))
     assert "its 3 calls inside" in c.reason and c.remote_s == pytest.approx(0.131, abs=1e-3)
 

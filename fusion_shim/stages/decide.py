@@ -5,8 +5,9 @@ intercepted calls inside them counted); a remote run is then predicted from the 
 send and to bring back, at what the link has shown per byte, plus its round trip) and the worker's
 time, and taken when it wins by ``MARGIN``. The worker's time is its own measurement once the stage
 ran there (D173); before that, this host's time with the intercepted calls inside priced by the
-worker's per-op models (``price``, D176). The other place is measured again only while that costs at most ``EXPLORE_SHARE`` of
-the time this stage has taken so far, and at least every ``REMEASURE_AFTER`` calls.
+worker's per-op models (``price``, D176). The other place is measured again only while that costs
+at most ``EXPLORE_SHARE`` of the time this stage has taken so far, and at least every
+``REMEASURE_AFTER`` calls.
 """
 from __future__ import annotations
 

@@ -503,7 +503,7 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
         # hellos that arrive meanwhile wait: nobody is told "ready" early
         inbox.running(lambda: worker.warm(shared=parent_pid is not None))
         while stop is None or not stop.is_set():
-            stages = getattr(worker, "stages", None)  # D171: answered from their own threads
+            stages = worker.stages  # D171: answered from their own threads
             if stages is not None:
                 _send_stage_replies(inbox, stages)
             got = inbox.next(200 if stages is None else stages.poll_ms(200))
@@ -527,7 +527,7 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
                 print(f"fusion_shim worker: reply not sent: {exc}", file=sys.stderr)
             worker.idle()
     finally:
-        if getattr(worker, "stages", None) is not None:
+        if worker.stages is not None:
             worker.stages.close()
         inbox.close()
         sock.close(linger=0)

@@ -12,13 +12,15 @@ at most ``EXPLORE_SHARE`` of the time this stage has taken so far, and at least 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 FIRST_LOCAL = 2
 MARGIN = 1.1           # D173: remote must be predicted this much faster
 EXPLORE_SHARE = 0.02   # D173: exploration's budget, a share of the stage's own time
 REMEASURE_AFTER = 50
 EWMA = 0.5
+REUSE_CAP = 3          # D178: the most calls an input passed again is expected in (calls' own cap)
+MAX_BUFFERS = 256      # input buffers remembered per stage and argument shapes
 DEFAULT_BYTES_S = 1e9  # the link's speed before it has carried a stage: an exploration measures it
 
 
@@ -67,18 +69,44 @@ def _ewma(old: float | None, new: float) -> float:
     return new if old is None else (1 - EWMA) * old + EWMA * new
 
 
-def array_bytes(obj: Any, depth: int = 0) -> int:
-    """The ndarray bytes in ``obj`` and its lists, tuples and dicts (a few levels deep)."""
-    nbytes = getattr(obj, "nbytes", None)
-    if isinstance(nbytes, int) and hasattr(obj, "dtype"):
-        return nbytes
-    if depth > 3:
-        return 0
-    if isinstance(obj, (list, tuple)):
-        return sum(array_bytes(o, depth + 1) for o in obj)
-    if isinstance(obj, dict):
-        return sum(array_bytes(o, depth + 1) for o in obj.values())
-    return 0
+def arrays(obj: Any, depth: int = 0) -> Iterator[Any]:
+    """The ndarrays in ``obj`` and its lists, tuples and dicts (a few levels deep)."""
+    if isinstance(getattr(obj, "nbytes", None), int) and hasattr(obj, "dtype"):
+        yield obj
+    elif depth <= 3 and isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from arrays(o, depth + 1)
+    elif depth <= 3 and isinstance(obj, dict):
+        for o in obj.values():
+            yield from arrays(o, depth + 1)
+
+
+def array_bytes(obj: Any) -> int:
+    return sum(a.nbytes for a in arrays(obj))
+
+
+class Reused:
+    """The input buffers one stage's calls keep passing, by address, size, shape and dtype. One
+    passed in k earlier calls is priced at 1/(k+1) of its upload, k at most ``REUSE_CAP``: residency
+    uploads it once (D178, as for calls' inputs)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple, int] = {}
+
+    def priced_bytes(self, obj: Any, kept: Callable[[int], bool]) -> int:
+        """The input bytes of a call with arguments ``obj``; ``kept``: whether a size is kept there."""
+        if len(self.seen) > MAX_BUFFERS:
+            self.seen.clear()
+        total = 0.0
+        for a in arrays(obj):
+            if not kept(a.nbytes) or not hasattr(a, "__array_interface__"):
+                total += a.nbytes
+                continue
+            ident = (a.__array_interface__["data"][0], a.nbytes, a.shape, a.dtype.str)
+            k = self.seen.get(ident, 0)
+            self.seen[ident] = k + 1
+            total += a.nbytes / (min(k, REUSE_CAP) + 1)
+        return int(total)
 
 
 def _shapes(obj: Any, depth: int = 0) -> tuple:

@@ -14,7 +14,7 @@ from .. import transport
 from ..errors import FallbackError
 from ..ledger import Record, call_site
 from ..verify import Sampler
-from .decide import Decider, Measured, array_bytes, shape_key
+from .decide import Decider, Measured, Reused, array_bytes, shape_key
 from .state import Raised, depth as _depth
 
 _runners: "weakref.WeakKeyDictionary[Any, Runner]" = weakref.WeakKeyDictionary()
@@ -44,13 +44,14 @@ class Runner:
         self.by_value: set[str] = set()      # stages whose reference the worker could not import
         self.noted: set[str] = set()         # the worker's notes already said as events
         self.sampled = Sampler(rt.config.verify)  # --verify's share of stage calls
+        self.reused: dict[tuple, Reused] = {}      # per stage and argument shapes
 
     def call(self, stage: Any, args: tuple, kwargs: dict) -> Any:
         if getattr(_depth, "n", 0):
             return stage.fn(*args, **kwargs)
         key = shape_key(stage.name, args, kwargs)
         link = self._link()
-        choice = self.decider.choose(stage.name, key, link, array_bytes((args, kwargs)),
+        choice = self.decider.choose(stage.name, key, link, self._input_bytes(key, args, kwargs),
                                      None if link is None else self._pricer(link))
         rec = Record(f"stage {stage.name}", "stage", site=call_site(3), reason=choice.reason,
                      predicted_local_s=choice.local_s, predicted_remote_s=choice.remote_s,
@@ -82,6 +83,17 @@ class Runner:
         if link.bandwidth is None:  # D176: a stage's bytes are priced at the link's measured speed
             link.measure_bandwidth_soon()
         return link
+
+    def _input_bytes(self, key: tuple, args: tuple, kwargs: dict) -> int:
+        """The bytes a remote run would upload, those passed again priced by their share (D178)."""
+        if not self.config.residency:
+            return array_bytes((args, kwargs))
+        from ..protocol.fingerprint import worth_keeping
+
+        reused = self.reused.get(key)
+        if reused is None:
+            reused = self.reused[key] = Reused()
+        return reused.priced_bytes((args, kwargs), worth_keeping)
 
     def _pricer(self, link: Any) -> Any:
         """The worker's seconds for a stage's intercepted calls, from its per-op models (D176)."""

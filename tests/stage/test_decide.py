@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fusion_shim.plan import Call
-from fusion_shim.stages.decide import FIRST_LOCAL, Decider, Measured, shape_key
+from fusion_shim.stages.decide import FIRST_LOCAL, REUSE_CAP, Decider, Measured, Reused, shape_key
 from tests.helpers.shims import install
 from tests.stage import stagefns
 
@@ -86,6 +86,15 @@ def test_a_run_whose_calls_went_unrecorded_keeps_the_calls_seen_before():
     d.learn("s", KEY, Measured("local", 1.0, inner_s=0.3, priced={MATMUL: 1}))  # ... most of them
     c = d.choose("s", KEY, LINK, 64, price=lambda calls: 0.01 * sum(calls.values()))
     assert "its 3 calls inside" in c.reason and c.remote_s == pytest.approx(0.131, abs=1e-3)
+
+
+def test_an_input_a_stage_keeps_being_passed_is_priced_by_its_share_of_one_upload():
+    reused, kept = Reused(), lambda nbytes: nbytes >= 1 << 18
+    A, small = np.ones((512, 512)), np.ones(16)
+    got = [reused.priced_bytes(((A, small), {}), kept) for _ in range(REUSE_CAP + 3)]
+    assert got == [A.nbytes // (min(k, REUSE_CAP) + 1) + small.nbytes for k in range(REUSE_CAP + 3)]
+    # a copy is another buffer, which a remote run would upload whole
+    assert reused.priced_bytes(((A.copy(), small), {}), kept) == A.nbytes + small.nbytes
 
 
 def test_a_pinned_stage_runs_here_and_policy_remote_sends_the_rest():

@@ -5,10 +5,10 @@ A row (:class:`OpSpec`) says where the function lives, which of its parameters a
 other parameters its rule understands, which kernel the worker runs, and which module's import
 patches it. Its *rule* turns a call into a :class:`Prepared` call or raises :class:`Unsupported`
 with the reason the call runs locally (see :mod:`.base`). Adding an op is adding a row, a rule if
-no existing one fits, and a kernel on the worker. Rows live by family in :mod:`.products`,
-:mod:`.linalg`, :mod:`.fft` and :mod:`.scipy`; :mod:`.numba` holds the rows whose kernels are
-written with numba.cuda (bincount, convolve, correlate, interp), offered only by a worker
-that can run them.
+no existing one fits, and a kernel on the worker. The rows are a table in :mod:`.rows`; their
+rules live by family in :mod:`.products`, :mod:`.linalg`, :mod:`.fft` and :mod:`.scipy`, and
+:mod:`.numba` holds those whose kernels are written with numba.cuda (bincount, convolve,
+correlate, interp), offered only by a worker that can run them.
 
 Every public function of numpy.linalg and numpy.fft is a row or is listed in
 :data:`NOT_OFFLOADED` with the reason it stays local (a test holds the two together). Each row is
@@ -16,17 +16,21 @@ checked against the real function's signature when the interceptor wraps it (:fu
 """
 from __future__ import annotations
 
+import importlib
 import inspect
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from . import fft, linalg, numba, products, scipy
-from .base import OpSpec, Prepared, Unsupported
-from .products import OPERATOR_SIGNATURES, OPERATORS
+from . import rows
+from .rows import OPERATOR_SIGNATURES, OPERATORS
+from .spec import OpSpec, Unsupported
+
+if TYPE_CHECKING:
+    from .base import Prepared
 
 __all__ = ["BY_NAME", "CATALOG", "NOT_OFFLOADED", "OPERATORS", "OPERATOR_SIGNATURES", "OpSpec", "Prepared",
-           "Unsupported", "check_signature", "prepare"]
+           "Unsupported", "check_names", "check_signature", "load_rules", "prepare"]
 
-CATALOG: tuple[OpSpec, ...] = products.ROWS + linalg.ROWS + fft.ROWS + scipy.ROWS + numba.ROWS
+CATALOG: tuple[OpSpec, ...] = rows.PRODUCTS + rows.LINALG + rows.FFT + rows.SCIPY + rows.NUMBA
 BY_NAME = {spec.name: spec for spec in CATALOG}
 
 # Public functions of numpy.linalg and numpy.fft that are not rows, and why. (LinAlgError is an
@@ -42,6 +46,24 @@ NOT_OFFLOADED: dict[str, str] = {
 NOT_ARRAY_FUNCTIONS = frozenset({"numpy.linalg.LinAlgError", "numpy.linalg.test", "numpy.fft.test"})
 
 
+RULE_MODULES = ("base", "products", "linalg", "fft", "scipy", "numba")
+
+
+def load_rules() -> None:
+    """Import every rule's module now (the call path does, once, timed as its start-up) rather than
+    inside the first call of each family."""
+    for name in RULE_MODULES:
+        importlib.import_module(f"{__name__}.{name}")
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Prepared":  # with the rules, not with the rows (D116)
+        from .base import Prepared
+
+        return Prepared
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def check_signature(spec: OpSpec, func: Callable) -> inspect.Signature:
     """The row must name parameters the real function has; a library that changed them is caught
     at install, and the row is left unwrapped rather than misread."""
@@ -51,6 +73,40 @@ def check_signature(spec: OpSpec, func: Callable) -> inspect.Signature:
     if missing:
         raise TypeError(f"{spec.name}: catalog parameters {missing} are not in the signature {sig}")
     return sig
+
+
+def check_names(spec: OpSpec, func: Callable) -> None:
+    """:func:`check_signature`'s test at the cost of reading a code object where the function is
+    plain Python behind NumPy's dispatcher (D116: inspect's signatures were a ninth of the shim's
+    start); its signature is then made on the row's first call above its floor."""
+    names = _parameter_names(func)
+    if names is None:
+        check_signature(spec, func)
+        return
+    missing = [p for p in spec.args + spec.params if p not in names]
+    if missing:
+        raise TypeError(f"{spec.name}: catalog parameters {missing} are not in the parameters {sorted(names)}")
+
+
+def _parameter_names(func: Callable) -> frozenset[str] | None:
+    """The parameter names ``inspect.signature(func)`` would give, or None where reading them needs
+    inspect (no plain function at the end of the ``__wrapped__`` chain, a ``__signature__``)."""
+    while True:
+        if getattr(func, "__signature__", None) is not None:
+            return None
+        inner = getattr(func, "__wrapped__", None)
+        if inner is None:
+            break
+        func = inner
+    code = getattr(func, "__code__", None)
+    if type(func) is not _FUNCTION or code is None:
+        return None
+    n = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & _VARARGS) + bool(code.co_flags & _VARKW)
+    return frozenset(code.co_varnames[:n])
+
+
+_FUNCTION = type(check_names)
+_VARARGS, _VARKW = inspect.CO_VARARGS, inspect.CO_VARKEYWORDS
 
 
 def prepare(spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict) -> Prepared:

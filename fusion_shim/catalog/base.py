@@ -1,5 +1,5 @@
-"""The catalog's vocabulary: a row (:class:`OpSpec`), a prepared call (:class:`Prepared`), the
-reason a call stays local (:class:`Unsupported`), and the checks rules share.
+"""What rules are written with: a prepared call (:class:`Prepared`) and the checks rules share (a
+row, :class:`OpSpec`, and the reason a call stays local, :class:`Unsupported`, are in :mod:`.spec`).
 
 A rule turns a bound call into a :class:`Prepared` call: the operands to send, the static
 parameters for the worker's kernel, the dtype and shape of each array the worker returns, the
@@ -19,54 +19,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .spec import OpSpec, Unsupported
+
 ndarray = np.ndarray
-
-
-class Unsupported(Exception):
-    """The call cannot be offloaded faithfully; the message is the reason the ledger keeps."""
-
-
-class OpSpec:
-    """One row (D36: plain classes with ``__slots__``; a dataclass's generated methods cost their
-    exec at every import of the catalog)."""
-
-    __slots__ = ("name", "module", "attr", "family", "rule", "params", "kernel", "args", "trigger", "nested")
-
-    def __init__(self, name: str, module: str, attr: str, family: str,
-                 rule: Callable[["OpSpec", Any], "Prepared"], params: tuple[str, ...] = (), kernel: str = "",
-                 args: tuple[str, ...] = ("a", "b"), trigger: str = "numpy", nested: bool = False):
-        setter = object.__setattr__
-        setter(self, "name", name)        # the public name, e.g. "numpy.linalg.solve"
-        setter(self, "module", module)    # where the attribute is patched
-        setter(self, "attr", attr)
-        setter(self, "family", family)    # "products" | "linalg" | "fft": cost model and report grouping
-        setter(self, "rule", rule)
-        setter(self, "params", params)    # parameters besides the arrays that the rule understands
-        setter(self, "kernel", kernel)    # worker kernel id; defaults to name without "numpy."
-        setter(self, "args", args)        # the parameters that carry arrays (in the signature's order)
-        setter(self, "trigger", trigger)  # the module whose import patches this row ("scipy.linalg", ...)
-        # an array parameter holds a list or tuple of arrays (multi_dot's arrays, lu_solve's (lu, piv)):
-        # the interceptor's byte floor must look inside it, which only its Python fast path does
-        setter(self, "nested", nested)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"OpSpec is frozen: cannot assign {name!r}")
-
-    def _key(self) -> tuple:
-        return tuple(getattr(self, n) for n in OpSpec.__slots__)
-
-    def __eq__(self, other: object) -> bool:
-        return self._key() == other._key() if type(other) is OpSpec else NotImplemented
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        return f"OpSpec({self.name!r}, family={self.family!r}, trigger={self.trigger!r})"
-
-    @property
-    def kernel_id(self) -> str:
-        return self.kernel or self.name.removeprefix("numpy.")
 
 
 class Prepared:

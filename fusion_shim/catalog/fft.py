@@ -1,4 +1,4 @@
-"""Rows for numpy.fft: the 1-d transforms (fft, ifft, rfft, irfft, hfft, ihfft) and the n-d ones
+"""Rules for numpy.fft: the 1-d transforms (fft, ifft, rfft, irfft, hfft, ihfft) and the n-d ones
 (fft2, ifft2, fftn, ifftn, rfft2, irfft2, rfftn, irfftn), with ``n``/``s``, ``axis``/``axes``,
 ``norm`` and ``out=`` as NumPy 2 treats them (``numpy/fft/_pocketfft.py``). Single precision
 stays single (pocketfft and torch both transform float32 in float32); integers transform in double.
@@ -142,16 +142,3 @@ def rule_fft_nd(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     flops = _flops(shape, sizes, real=kind in ("rfft", "irfft"))
     params = {"cdtype": cdtype.str, "s": sizes, "axes": axes, "norm": norm, "kind": kind}
     return Prepared(spec, [a], params, [(rdtype, shape)], [follow_layout(a)], flops, out)
-
-
-# --- the rows --------------------------------------------------------------------------------------
-
-FFT1 = ("n", "axis", "norm", "out")
-FFTN = ("s", "axes", "norm", "out")
-ROWS: tuple[OpSpec, ...] = tuple(
-    OpSpec(f"numpy.fft.{name}", "numpy.fft", name, "fft", rule_fft_1d, FFT1, kernel="fft.fft1", args=("a",))
-    for name in ("fft", "ifft", "rfft", "irfft", "hfft", "ihfft")
-) + tuple(
-    OpSpec(f"numpy.fft.{name}", "numpy.fft", name, "fft", rule_fft_nd, FFTN, kernel="fft.fftn", args=("a",))
-    for name in ("fft2", "ifft2", "fftn", "ifftn", "rfft2", "irfft2", "rfftn", "irfftn")
-)

@@ -1,4 +1,4 @@
-"""Rows for numpy.linalg's decompositions, solvers, norms and friends.
+"""Rules for numpy.linalg's decompositions, solvers, norms and friends.
 
 NumPy's rule for dtypes (``_commonType``): LAPACK runs in double (complex double when any input
 is complex) and the result is cast to single precision only when every input was single. The
@@ -493,36 +493,3 @@ def rule_matrix_power(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     flops = 2.0 * n**3 * steps * math.prod(a.shape[:-2]) * cfactor(dt)
     layout = probe(spec, [tiny(a, (min(n, 2),) * 2, fill="eye")], {"n": p})[0] if a.ndim > 2 else "C"
     return Prepared(spec, [a], _params(t, dt, n=p), [(dt, a.shape)], [layout], flops)
-
-
-# --- the rows --------------------------------------------------------------------------------------
-
-L = "numpy.linalg"
-A = ("a",)
-ROWS: tuple[OpSpec, ...] = (
-    OpSpec("numpy.linalg.solve", L, "solve", "linalg", rule_solve),
-    OpSpec("numpy.linalg.inv", L, "inv", "linalg", rule_inv, args=A),
-    OpSpec("numpy.linalg.pinv", L, "pinv", "linalg", rule_pinv, ("rcond", "hermitian", "rtol"), args=A),
-    OpSpec("numpy.linalg.tensorsolve", L, "tensorsolve", "linalg", rule_tensorsolve, ("axes",)),
-    OpSpec("numpy.linalg.tensorinv", L, "tensorinv", "linalg", rule_tensorinv, ("ind",), args=A),
-    OpSpec("numpy.linalg.lstsq", L, "lstsq", "linalg", rule_lstsq, ("rcond",)),
-    OpSpec("numpy.linalg.cholesky", L, "cholesky", "linalg", rule_cholesky, ("upper",), args=A),
-    OpSpec("numpy.linalg.qr", L, "qr", "linalg", rule_qr, ("mode",), args=A),
-    OpSpec("numpy.linalg.svd", L, "svd", "linalg", rule_svd, ("full_matrices", "compute_uv", "hermitian"), args=A),
-    OpSpec("numpy.linalg.svdvals", L, "svdvals", "linalg", rule_svd, kernel="linalg.svd", args=("x",)),
-    OpSpec("numpy.linalg.eig", L, "eig", "linalg", rule_eig, args=A),
-    OpSpec("numpy.linalg.eigvals", L, "eigvals", "linalg", rule_eig, kernel="linalg.eig", args=A),
-    OpSpec("numpy.linalg.eigh", L, "eigh", "linalg", rule_eigh, ("UPLO",), args=A),
-    OpSpec("numpy.linalg.eigvalsh", L, "eigvalsh", "linalg", rule_eigh, ("UPLO",), kernel="linalg.eigh", args=A),
-    OpSpec("numpy.linalg.det", L, "det", "linalg", rule_det, args=A),
-    OpSpec("numpy.linalg.slogdet", L, "slogdet", "linalg", rule_det, kernel="linalg.det", args=A),
-    OpSpec("numpy.linalg.norm", L, "norm", "linalg", rule_norm, ("ord", "axis", "keepdims"), args=("x",)),
-    OpSpec("numpy.linalg.matrix_norm", L, "matrix_norm", "linalg", rule_norm, ("ord", "keepdims"),
-           kernel="linalg.norm", args=("x",)),
-    OpSpec("numpy.linalg.vector_norm", L, "vector_norm", "linalg", rule_norm, ("ord", "axis", "keepdims"),
-           kernel="linalg.norm", args=("x",)),
-    OpSpec("numpy.linalg.cond", L, "cond", "linalg", rule_cond, ("p",), args=("x",)),
-    OpSpec("numpy.linalg.matrix_rank", L, "matrix_rank", "linalg", rule_matrix_rank, ("tol", "hermitian", "rtol"),
-           args=("A",)),
-    OpSpec("numpy.linalg.matrix_power", L, "matrix_power", "linalg", rule_matrix_power, ("n",), args=A),
-)

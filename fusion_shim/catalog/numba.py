@@ -1,4 +1,4 @@
-"""Rows whose worker kernels are written with numba.cuda: functions torch has no faithful
+"""Rules of the rows whose worker kernels are written with numba.cuda: functions torch has no faithful
 match for. ``torch.bincount`` differs from NumPy in dtypes and weights; ``conv1d`` is a
 cross-correlation with its own padding rules, no complex conjugation and no integer accumulation;
 torch has no ``interp``. Each kernel (``fusion_shim/worker/numba_kernels.py``) follows NumPy's own
@@ -142,15 +142,3 @@ def rule_interp(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     params = {"cdtype": dt.str, "idtypes": [F8.str, F8.str, dt.str], "left": left, "right": right}
     return Prepared(spec, [x, xp, fp], params, [(dt, x.shape)], ["C"],
                     float(x.size) * max(np.log2(xp.size), 1.0) * (2 if cplx else 1), scalar_0d=True)
-
-
-ROWS: tuple[OpSpec, ...] = (
-    OpSpec("numpy.bincount", "numpy", "bincount", "products", rule_bincount, ("minlength",), kernel="numba.bincount",
-           args=("x", "weights")),
-    OpSpec("numpy.convolve", "numpy", "convolve", "products", rule_convolve, ("mode",), kernel="numba.correlate",
-           args=("a", "v")),
-    OpSpec("numpy.correlate", "numpy", "correlate", "products", rule_correlate, ("mode",), kernel="numba.correlate",
-           args=("a", "v")),
-    OpSpec("numpy.interp", "numpy", "interp", "products", rule_interp, ("left", "right", "period"),
-           kernel="numba.interp", args=("x", "xp", "fp")),
-)

@@ -1,4 +1,4 @@
-"""Rows for the product family: matmul, dot, vdot, inner, outer, kron, tensordot, einsum, NumPy 2's
+"""Rules for the product family: matmul, dot, vdot, inner, outer, kron, tensordot, einsum, NumPy 2's
 matvec/vecmat/vecdot ufuncs, and the array-API spellings in numpy.linalg (matmul, outer, tensordot,
 vecdot, cross, trace, multi_dot). Products compute in the operands' common dtype, as NumPy does.
 """
@@ -368,54 +368,3 @@ def rule_multi_dot(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     p = [first or 1] + [x.shape[-1] for x in arrays[:-1]] + [last or 1]
     flops = 2.0 * sum(p[0] * p[i] * p[i + 1] for i in range(1, n)) * cfactor(dt)
     return Prepared(spec, arrays, {"cdtype": dt.str}, [(dt, shape)], ["C"], flops, out, scalar_0d=True)
-
-
-# --- the rows --------------------------------------------------------------------------------------
-
-X12 = ("x1", "x2")
-UFUNC_KW = ("out",)
-ROWS: tuple[OpSpec, ...] = (
-    OpSpec("numpy.matmul", "numpy", "matmul", "products", rule_matmul, UFUNC_KW, args=X12),
-    OpSpec("numpy.dot", "numpy", "dot", "products", rule_dot, ("out",)),
-    OpSpec("numpy.vdot", "numpy", "vdot", "products", rule_vdot),
-    OpSpec("numpy.inner", "numpy", "inner", "products", rule_inner, kernel="tensordot"),
-    OpSpec("numpy.outer", "numpy", "outer", "products", rule_outer, ("out",)),
-    OpSpec("numpy.kron", "numpy", "kron", "products", rule_kron),
-    OpSpec("numpy.tensordot", "numpy", "tensordot", "products", rule_tensordot, ("axes",)),
-    OpSpec("numpy.einsum", "numpy", "einsum", "products", rule_einsum, ("out", "optimize"), args=("operands",)),
-    OpSpec("numpy.matvec", "numpy", "matvec", "products", rule_vecfunc, UFUNC_KW, kernel="vecfunc", args=X12),
-    OpSpec("numpy.vecmat", "numpy", "vecmat", "products", rule_vecfunc, UFUNC_KW, kernel="vecfunc", args=X12),
-    OpSpec("numpy.vecdot", "numpy", "vecdot", "products", rule_vecfunc, ("out", "axis"), kernel="vecfunc",
-           args=X12),
-    OpSpec("numpy.linalg.matmul", "numpy.linalg", "matmul", "products", rule_matmul, kernel="matmul", args=X12),
-    OpSpec("numpy.linalg.outer", "numpy.linalg", "outer", "products", rule_outer, kernel="outer", args=X12),
-    OpSpec("numpy.linalg.tensordot", "numpy.linalg", "tensordot", "products", rule_tensordot, ("axes",),
-           kernel="tensordot", args=X12),
-    OpSpec("numpy.linalg.vecdot", "numpy.linalg", "vecdot", "products", rule_vecfunc, ("axis",),
-           kernel="vecfunc", args=X12),
-    OpSpec("numpy.linalg.cross", "numpy.linalg", "cross", "products", rule_cross, ("axis",), args=X12),
-    OpSpec("numpy.linalg.trace", "numpy.linalg", "trace", "products", rule_trace, ("offset", "dtype"),
-           args=("x",)),
-    OpSpec("numpy.linalg.multi_dot", "numpy.linalg", "multi_dot", "products", rule_multi_dot, ("out",),
-           args=("arrays",), nested=True),
-)
-
-# The ndarray operators and method the C trampolines route here (fusion_shim/intercept/native.py).
-# Not patched by attribute: ``attr`` only names them. Their signatures are the ones the trampolines
-# call with: ``a @ b`` is np.matmul, ``a.dot(b, out=None)`` is np.dot, ``a @= b`` is matmul into a.
-# Indexed by the trampolines' kind: 0 ``@``, 1 ``@=``, 2 ``.dot``.
-_P = inspect.Parameter
-OPERATORS: tuple[OpSpec, ...] = (
-    OpSpec("numpy.ndarray.__matmul__", "numpy", "ndarray.__matmul__", "products", rule_matmul, ("out",),
-           kernel="matmul", args=X12),
-    OpSpec("numpy.ndarray.__imatmul__", "numpy", "ndarray.__imatmul__", "products", rule_imatmul,
-           kernel="matmul", args=X12),
-    OpSpec("numpy.ndarray.dot", "numpy", "ndarray.dot", "products", rule_dot, ("out",), kernel="dot"),
-)
-OPERATOR_SIGNATURES: tuple[inspect.Signature, ...] = (
-    inspect.Signature([_P("x1", _P.POSITIONAL_ONLY), _P("x2", _P.POSITIONAL_ONLY),
-                       _P("out", _P.KEYWORD_ONLY, default=None)]),
-    inspect.Signature([_P("x1", _P.POSITIONAL_ONLY), _P("x2", _P.POSITIONAL_ONLY)]),
-    inspect.Signature([_P("a", _P.POSITIONAL_OR_KEYWORD), _P("b", _P.POSITIONAL_OR_KEYWORD),
-                       _P("out", _P.POSITIONAL_OR_KEYWORD, default=None)]),
-)

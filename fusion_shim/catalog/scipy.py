@@ -1,4 +1,4 @@
-"""Rows for SciPy, patched when ``scipy.linalg`` / ``scipy.fft`` is imported (``OpSpec.trigger``).
+"""Rules for SciPy's rows, patched when ``scipy.linalg`` / ``scipy.fft`` is imported (``OpSpec.trigger``).
 
 scipy.linalg: solve (assume_a, lower, transposed), inv, svd, eigh, cholesky, lu_factor, lu_solve,
 qr, expm. SciPy computes single precision in single (LAPACK's s/c routines) and integers in double;
@@ -338,37 +338,3 @@ def rule_sfft_nd(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     layouts = [_sfft_layout(x, True, sizes, axes)]
     params = {"cdtype": cplx_t.str, "s": sizes, "axes": axes, "norm": norm, "kind": "fft"}
     return Prepared(spec, [x], params, [(cplx_t, shape)], layouts, _flops(shape, sizes, False))
-
-
-# --- the rows --------------------------------------------------------------------------------------
-
-SL, SF = "scipy.linalg", "scipy.fft"
-SOLVE_P = ("lower", "overwrite_a", "overwrite_b", "check_finite", "assume_a", "transposed")
-FFT1 = ("n", "axis", "norm", "overwrite_x", "workers", "plan")
-FFTN = ("s", "axes", "norm", "overwrite_x", "workers", "plan")
-ROWS: tuple[OpSpec, ...] = (
-    OpSpec("scipy.linalg.solve", SL, "solve", "linalg", rule_solve, SOLVE_P, trigger=SL),
-    OpSpec("scipy.linalg.inv", SL, "inv", "linalg", rule_inv, ("overwrite_a", "check_finite", "assume_a", "lower"),
-           args=("a",), trigger=SL),
-    OpSpec("scipy.linalg.svd", SL, "svd", "linalg", rule_svd,
-           ("full_matrices", "compute_uv", "overwrite_a", "check_finite", "lapack_driver"), kernel="linalg.svd",
-           args=("a",), trigger=SL),
-    OpSpec("scipy.linalg.eigh", SL, "eigh", "linalg", rule_eigh,
-           ("b", "lower", "eigvals_only", "overwrite_a", "overwrite_b", "type", "check_finite", "subset_by_index",
-            "subset_by_value", "driver"), kernel="linalg.eigh", args=("a",), trigger=SL),
-    OpSpec("scipy.linalg.cholesky", SL, "cholesky", "linalg", rule_cholesky, ("lower", "overwrite_a", "check_finite"),
-           kernel="linalg.cholesky", args=("a",), trigger=SL),
-    OpSpec("scipy.linalg.lu_factor", SL, "lu_factor", "linalg", rule_lu_factor, ("overwrite_a", "check_finite"),
-           args=("a",), trigger=SL),
-    OpSpec("scipy.linalg.lu_solve", SL, "lu_solve", "linalg", rule_lu_solve, ("trans", "overwrite_b", "check_finite"),
-           args=("lu_and_piv", "b"), trigger=SL, nested=True),
-    OpSpec("scipy.linalg.qr", SL, "qr", "linalg", rule_qr, ("overwrite_a", "lwork", "mode", "pivoting", "check_finite"),
-           args=("a",), trigger=SL),
-    OpSpec("scipy.linalg.expm", SL, "expm", "linalg", rule_expm, args=("A",), trigger=SL),
-) + tuple(
-    OpSpec(f"scipy.fft.{name}", SF, name, "fft", rule_sfft_1d, FFT1, kernel="fft.fft1", args=("x",), trigger=SF)
-    for name in ("fft", "ifft", "rfft", "irfft")
-) + tuple(
-    OpSpec(f"scipy.fft.{name}", SF, name, "fft", rule_sfft_nd, FFTN, kernel="fft.fftn", args=("x",), trigger=SF)
-    for name in ("fft2", "fftn")
-)

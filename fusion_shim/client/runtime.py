@@ -204,10 +204,12 @@ class Runtime:
                 if self._calls is None:
                     planner = self.planner
                     t = time.perf_counter()
+                    from ..catalog import load_rules
                     from .call import CallPath
                     from .checks import Checks
                     from .residency import HashRate, Reuse
 
+                    load_rules()
                     hash_rate, reuse = HashRate(), Reuse()
                     checks = Checks(self.config, self.ledger, planner, self.guard)
                     self._calls = CallPath(self.config, self.ledger, planner, self._links, checks, hash_rate, reuse)

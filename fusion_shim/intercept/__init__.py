@@ -279,7 +279,7 @@ def _wrap_rows_if_installed(inst: _Installation, rows: list) -> None:
 
 
 def _wrap_rows(inst: _Installation, rows: list) -> None:
-    from ..catalog import check_signature
+    from ..catalog import check_names
 
     rt = inst.runtime
     use_c = _use_c(rt)
@@ -288,12 +288,12 @@ def _wrap_rows(inst: _Installation, rows: list) -> None:
         try:
             module = importlib.import_module(spec.module)
             original = getattr(module, spec.attr)
-            sig = check_signature(spec, original)
+            check_names(spec, original)
         except (ImportError, AttributeError, TypeError, ValueError) as exc:
             warnings.warn(f"fusion_shim: {spec.name} is not intercepted: {exc}", RuntimeWarning, stacklevel=3)
             rt.ledger.event(f"not intercepted: {spec.name}: {exc}")
             continue
-        slow = _make_slow(spec, sig, rt, original)
+        slow = _make_slow(spec, rt, original)
         if use_c and not spec.nested:  # the C floor check counts top-level ndarrays only
             proxy, fast = native.fast_proxy(original, slow)
             fast.floor = rt.floor_cell(spec.name)[0]  # its own floor; the planner's refreshes update it
@@ -308,11 +308,18 @@ def _wrap_rows(inst: _Installation, rows: list) -> None:
                         lambda: [setattr(f, "below", 0) for _, f in fast_cells])
 
 
-def _make_slow(spec: "OpSpec", sig: Any, rt: "Runtime", original: Callable) -> Callable:
-    """The shim's path for a call above its op's floor: the runtime's one entry."""
+def _make_slow(spec: "OpSpec", rt: "Runtime", original: Callable) -> Callable:
+    """The shim's path for a call above its op's floor: the runtime's one entry. The row's
+    signature is made on its first such call (D116); two threads may both make it, to one value."""
     dispatch = rt.dispatch
+    sig = None
 
     def _slow(*args: Any, **kwargs: Any) -> Any:
+        nonlocal sig
+        if sig is None:
+            import inspect  # NumPy has loaded it
+
+            sig = inspect.signature(original)
         return dispatch(spec, sig, args, kwargs, original, original)
 
     return _slow

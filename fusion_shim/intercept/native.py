@@ -10,8 +10,8 @@ Two uses, both optional and both off with ``FUSION_SHIM_NATIVE=0``:
   and errors are unchanged. Not installed under policy ``local``.
 - **the fast path of wrapped module functions**: :func:`fast_proxy` is a subclass of wrapt's C
   ``ObjectProxy`` (``wrapt.BaseObjectProxy``: attributes, ``isinstance(np.matmul, np.ufunc)``,
-  ``__wrapped__`` all forward) whose ``__call__``
-  is a C object that does the floor check and calls NumPy's function, or the shim's Python path.
+  ``__wrapped__`` all forward) whose ``__call__`` is its own C object, which does the floor check
+  and calls NumPy's function, or the shim's Python path.
 
 The floor is one number in C, published by :func:`publish_floor`: ``-1`` passes everything through
 (policy local, or no shim installed), ``0`` sends every exact-ndarray call to the Python path
@@ -168,12 +168,25 @@ def fast_proxy(original: Any, slow: Callable) -> tuple[Any, Any]:
     """A proxy for ``original`` whose call is the C floor check, then ``slow(*args, **kwargs)``.
     Returns (proxy, the C object, whose ``below`` counts calls kept local by the floor)."""
     fast = _native.FastCall(original, slow)
-    # FastCall is not a descriptor: as the class's __call__ it is called without the proxy
-    namespace: dict[str, Any] = {"__call__": fast, "__module__": __name__, "__reduce_ex__": _reduce_ex}
-    if hasattr(type(original), "__get__"):
-        namespace["__get__"] = _bind  # e.g. np.dot as a class attribute binds, as the original does
-    cls = type("FunctionProxy", (wrappers.load()[0],), namespace)
-    return cls(original), fast
+    proxy = _proxy_class(hasattr(type(original), "__get__"))(original)
+    proxy.__call__ = fast  # its own slot: the class's attribute, so wrapt sets it here, not on original
+    return proxy, fast
+
+
+_CLASSES: dict[bool, type] = {}
+
+
+def _proxy_class(binds: bool) -> type:
+    """Two classes for every row, with and without ``__get__``, where a class per row cost its
+    creation at NumPy's import (D116). ``__call__`` is a slot, so each proxy holds its own FastCall
+    (not a descriptor: called without the proxy)."""
+    cls = _CLASSES.get(binds)
+    if cls is None:
+        namespace: dict[str, Any] = {"__slots__": ("__call__",), "__module__": __name__, "__reduce_ex__": _reduce_ex}
+        if binds:
+            namespace["__get__"] = _bind  # e.g. np.dot as a class attribute binds, as the original does
+        cls = _CLASSES[binds] = type("FunctionProxy", (wrappers.load()[0],), namespace)
+    return cls
 
 
 def _reduce_ex(self: Any, protocol: int) -> Any:

@@ -16,7 +16,8 @@ import pytest
 from fusion_shim import intercept
 from fusion_shim.catalog.base import unwrap
 from fusion_shim.catalog import BY_NAME, CATALOG, NOT_ARRAY_FUNCTIONS, NOT_OFFLOADED, OpSpec, Unsupported, \
-    check_signature, prepare
+    check_names, check_signature, prepare
+from fusion_shim.catalog import _parameter_names
 
 from tests.helpers.environment import ROOT
 
@@ -198,3 +199,31 @@ def test_no_kernel_imports_sympy_on_its_first_call():
                          cwd=str(ROOT))
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-2000:]
+
+
+@pytest.mark.parametrize("spec", CATALOG, ids=lambda s: s.name)
+def test_names_read_off_the_code_are_the_signatures_names(spec):
+    if spec.trigger != "numpy":
+        pytest.importorskip(spec.trigger)
+    func = getattr(importlib.import_module(spec.module), spec.attr)
+    func = unwrap(func)
+    names = _parameter_names(func)
+    if names is not None:  # a ufunc has no code to read: check_names asks inspect
+        assert names == set(inspect.signature(func).parameters)
+    check_names(spec, func)
+
+
+def test_check_names_refuses_a_row_naming_a_parameter_the_function_lacks():
+    def solve(a, b, *, lower=False):
+        return a
+
+    assert _parameter_names(solve) == {"a", "b", "lower"}
+    check_names(OpSpec("x.solve", "x", "solve", "linalg", "linalg.rule_solve", ("lower",)), solve)
+    with pytest.raises(TypeError, match="'upper'"):
+        check_names(OpSpec("x.solve", "x", "solve", "linalg", "linalg.rule_solve", ("upper",)), solve)
+
+    def wrapped(*args, **kwargs):
+        return solve(*args, **kwargs)
+
+    wrapped.__wrapped__ = solve
+    assert _parameter_names(wrapped) == {"a", "b", "lower"}  # inspect follows __wrapped__ too

@@ -48,21 +48,6 @@ def report():
     return None if rt is None else build(rt)
 
 
-_ModuleType = type(sys)  # types.ModuleType, without importing types
-
-
-class _Package(_ModuleType):
-    """``fusion_shim.report`` is the function above: importing the ``report`` subpackage (which
-    binds a submodule on its package) must not replace it."""
-
-    def __setattr__(self, name, value):
-        if not (name == "report" and isinstance(value, _ModuleType)):
-            super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-
 _PREFIX = "FUSION_SHIM_"  # config.PREFIX, not imported: config loads dataclasses
 _started = False
 
@@ -80,7 +65,7 @@ def _start():
     t = time.perf_counter()
     from . import _hooks
 
-    env = {k: v for k, v in os.environ.items() if k.startswith(_PREFIX)}
+    env = {k: os.environ[k] for k in os.environ if k.startswith(_PREFIX)}  # D111: no value decoded but these
     if env:
         _checked_config(env)
     _hooks.when_imported("numpy", lambda numpy: _install_at_numpy(env))

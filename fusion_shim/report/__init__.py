@@ -66,6 +66,24 @@ from .bottom import added_time, detail, plain_words
 from .pool import pool_lines, pool_section
 from .stages import stage_lines, stages_section
 
+
+def _keep_package_function() -> None:
+    """The import system binds this subpackage on its package as ``report``, where the package's
+    ``report()`` function must stay: the package's module class ignores that one binding. Made
+    here, not by the package, which loads at every interpreter start under the shim (D111)."""
+    module_type = type(sys)
+    package = sys.modules[__name__.rpartition(".")[0]]
+    if type(package) is module_type:
+        class _Package(module_type):
+            def __setattr__(self, name: str, value: Any) -> None:
+                if not (name == "report" and isinstance(value, module_type)):
+                    super().__setattr__(name, value)
+
+        package.__class__ = _Package
+
+
+_keep_package_function()
+
 if TYPE_CHECKING:
     from ..plan import Planner
 

@@ -272,15 +272,15 @@ class FaultLab:
                 elif resume_at is None:
                     resume_at = now + self.rng.uniform(*self.resume_after)
                 elif now >= resume_at:
-                    os.kill(pid, signal.SIGKILL if self.rng.random() < self.kill_stopped else signal.SIGCONT)
+                    _signal(pid, signal.SIGKILL if self.rng.random() < self.kill_stopped else signal.SIGCONT)
                     resume_at = None
             elif next_async is not None and now >= next_async and self.armed():
                 if self.rng.random() < 0.5:
                     self.async_injections["async_kill"] += 1
-                    os.kill(pid, signal.SIGKILL)
+                    _signal(pid, signal.SIGKILL)
                 else:
                     self.async_injections["async_stop"] += 1
-                    os.kill(pid, signal.SIGSTOP)
+                    _signal(pid, signal.SIGSTOP)
                 next_async = self._next_async()
             time.sleep(0.003)
 
@@ -375,6 +375,14 @@ def run_case(kind: str, inputs: tuple) -> np.ndarray:
 
 def events(rt: Any) -> str:
     return "\n".join(text for _, text in rt.ledger.events)
+
+
+def _signal(pid: int, sig: int) -> None:
+    """A worker may exit by itself (an injected kill) between the watcher's look and its signal."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def fault_run(directory: str, n_calls: int, *, seed: int, rate: float, timeout: float,

@@ -148,7 +148,12 @@ def to_wire(arr: np.ndarray) -> tuple[dict, Any]:
     code = dt.str
     if code not in DTYPES:
         raise WireError(f"dtype {dt} cannot travel on the wire")
-    buf = arr.reshape(-1, order="A").view(np.uint8) if arr.size else b""
+    if not arr.size:
+        buf = b""
+    elif order == "C":
+        buf = np.frombuffer(arr, np.uint8)  # D41: one view where two made it (a reshape, then a view)
+    else:
+        buf = arr.reshape(-1, order="A").view(np.uint8)
     return {"dtype": code, "shape": list(arr.shape), "order": order}, buf
 
 

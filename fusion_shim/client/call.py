@@ -118,7 +118,11 @@ class CallPath:
 
     def _unoffered(self, spec: OpSpec) -> str | None:
         """Why no worker can run this row (a numba row where no worker has numba-cuda)."""
-        if not self.links or any(link.offers(spec.kernel_id) for link in self.links):
+        kernel_id = spec.kernel_id
+        for link in self.links:
+            if link.offers(kernel_id):
+                return None
+        if not self.links:
             return None
         return f"the worker has no kernel {spec.kernel_id} (numba: {self.links[0].info.get('numba')})"
 
@@ -303,8 +307,17 @@ class CallPath:
             raise FallbackError(f"{rec.op} at {rec.site} ran locally: {rec.kind}: {rec.reason}")
 
 
+_codes: dict[Any, str] = {}  # D43: a compute dtype's code, made once per dtype
+
+
 def _dtype_code(prep: Prepared) -> str:
     """The compute dtype as the planner's models key it: "f8", "c16", "i8", ..."""
     dt = prep.params.get("cdtype") if isinstance(prep.params, dict) else None
-    dt = np.dtype(dt if dt else (prep.arrays[0].dtype if prep.arrays else "f8"))
-    return f"{dt.kind}{dt.itemsize}"
+    dt = dt if dt else (prep.arrays[0].dtype if prep.arrays else "f8")
+    code = _codes.get(dt)
+    if code is None:
+        parsed = np.dtype(dt)
+        code = f"{parsed.kind}{parsed.itemsize}"
+        if len(_codes) < 256:
+            _codes[dt] = code
+    return code

@@ -61,6 +61,7 @@ class WorkerLink:
         self.state = "starting"
         self.ready = threading.Event()
         self.info: dict[str, Any] = {}
+        self._offered: tuple[Any, frozenset] = (None, frozenset())  # (info's kernel list, as a set)
         self.cpus_shared = False  # shares_cpus(), as of the last ready
         self.contended = False    # ... and this process's BLAS may run threads beside it (read for every decision)
         self.mirror = Mirror()  # what this worker is believed to hold: a hint
@@ -326,7 +327,15 @@ class WorkerLink:
     def offers(self, kernel_id: str) -> bool:
         """Whether this worker has the kernel (its ``ready`` reply lists them; before it: assumed)."""
         kernels = self.info.get("kernels")
-        return not isinstance(kernels, list) or kernel_id in kernels
+        if not isinstance(kernels, list):
+            return True
+        listed = self._offered
+        if listed[0] is not kernels:  # D43: a set of the list, made again when a ready replaces it
+            try:
+                listed = self._offered = (kernels, frozenset(kernels))
+            except TypeError:  # a name that cannot be hashed: the list itself, as before
+                return kernel_id in kernels
+        return kernel_id in listed[1]
 
     def plan_state(self, missing: int | None, reused: int = 0) -> plan.WorkerState:
         """What the planner sees of this worker for one call; ``missing``: the input bytes it is priced

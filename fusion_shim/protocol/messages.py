@@ -16,6 +16,7 @@ import numpy as np
 from . import wire
 
 WORKER_PHASES = ("h2d", "kernel", "d2h")  # the worker's own time in a result's ``timing``
+_TIMED = frozenset((*WORKER_PHASES, "fingerprint"))  # the keys of ``timing`` read as seconds
 
 
 class Reply(NamedTuple):
@@ -117,11 +118,13 @@ class Timing(NamedTuple):
 def read_timing(reply: dict) -> Timing:
     """The worker's account of a call from a ``result`` header. A time of the wrong type is left
     out; one that is not a finite number of seconds >= 0 too, and named in ``rejected``."""
-    timing = reply.get("timing") if isinstance(reply.get("timing"), dict) else {}
+    timing = reply.get("timing")
+    if not isinstance(timing, dict):
+        timing = {}
     phases: dict[str, float] = {}
     rejected = []
     for k, v in timing.items():
-        if k in (*WORKER_PHASES, "fingerprint") and isinstance(v, (int, float)) and not isinstance(v, bool):
+        if k in _TIMED and isinstance(v, (int, float)) and not isinstance(v, bool):
             if math.isfinite(v) and v >= 0:
                 phases[k] = float(v)
             else:
@@ -130,7 +133,7 @@ def read_timing(reply: dict) -> Timing:
     metas = reply.get("arrays") or ()
     return Timing(phases, fingerprint, bool(timing.get("oom_retry")), frozenset(reply.get("kept") or ()),
                   tuple(reply.get("evicted") or ()),
-                  tuple(m["fp"] if isinstance(m, dict) and m.get("fp") else None for m in metas), tuple(rejected))
+                  tuple([m["fp"] if isinstance(m, dict) and m.get("fp") else None for m in metas]), tuple(rejected))
 
 
 # --- stages (opt-in: docs/stages.md) --------------------------------------------------------------------

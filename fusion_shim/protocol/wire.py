@@ -122,6 +122,8 @@ DTYPES = frozenset(
     np.dtype(t).str
     for t in ("?", "i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8", "f2", "f4", "f8", "c8", "c16")
 )
+_DTYPE_OF = {s: np.dtype(s) for s in DTYPES}  # D41: made once, not per meta
+_HEX = frozenset("0123456789abcdef")
 
 
 class WireError(ValueError):
@@ -131,19 +133,28 @@ class WireError(ValueError):
 def to_wire(arr: np.ndarray) -> tuple[dict, Any]:
     """An array's meta and a buffer over its bytes; copies only when the array is neither C- nor
     F-contiguous or not in native byte order."""
-    if not arr.dtype.isnative:
-        arr = arr.astype(arr.dtype.newbyteorder("="))
-    if arr.flags.c_contiguous:
+    dt = arr.dtype  # D41: each attribute read once (a dtype's ``str`` is made at each read)
+    if not dt.isnative:
+        arr = arr.astype(dt.newbyteorder("="))
+        dt = arr.dtype
+    flags = arr.flags
+    if flags.c_contiguous:
         order = "C"
-    elif arr.flags.f_contiguous:
+    elif flags.f_contiguous:
         order = "F"
     else:
         arr = np.ascontiguousarray(arr)
         order = "C"
-    if arr.dtype.str not in DTYPES:
-        raise WireError(f"dtype {arr.dtype} cannot travel on the wire")
-    buf = arr.reshape(-1, order="A").view(np.uint8) if arr.size else b""
-    return {"dtype": arr.dtype.str, "shape": list(arr.shape), "order": order}, buf
+    code = dt.str
+    if code not in DTYPES:
+        raise WireError(f"dtype {dt} cannot travel on the wire")
+    if not arr.size:
+        buf = b""
+    elif order == "C":
+        buf = np.frombuffer(arr, np.uint8)  # D41: one view where two made it (a reshape, then a view)
+    else:
+        buf = arr.reshape(-1, order="A").view(np.uint8)
+    return {"dtype": code, "shape": list(arr.shape), "order": order}, buf
 
 
 Place = Callable[[dict, Any], "dict | None"]
@@ -218,8 +229,12 @@ def may_be_stage(frame: Any) -> bool:
     return raw.nbytes <= MAX_HEADER and _STAGE_TYPE in raw.tobytes()
 
 
+def _is_fp(fp: Any) -> bool:
+    return isinstance(fp, str) and len(fp) == FP_LEN and _HEX.issuperset(fp)
+
+
 def _check_fp(fp: Any) -> str:
-    if not isinstance(fp, str) or len(fp) != FP_LEN or any(c not in "0123456789abcdef" for c in fp):
+    if not _is_fp(fp):
         raise WireError(f"fingerprint must be {FP_LEN} lowercase hex digits")
     return fp
 
@@ -276,6 +291,9 @@ def decode(frames: Sequence[Any], max_bytes: int = 1 << 40, segments: Any = None
     if header is None:
         header = decode_header(frames[0])
     metas = header.get("arrays", [])
+    plain = _plain_arrays(frames, metas, max_bytes)
+    if plain is not None:
+        return header, plain
     if not isinstance(metas, list):
         raise WireError("'arrays' must be a list")
     if len(metas) > MAX_FRAMES - 1:
@@ -322,3 +340,36 @@ def decode(frames: Sequence[Any], max_bytes: int = 1 << 40, segments: Any = None
         flat = np.frombuffer(buf, dtype=dt) if buf.nbytes else np.empty(0, dt)
         arrays.append(flat.reshape(shape, order=order))
     return header, arrays
+
+
+def _plain_arrays(frames: Sequence[Any], metas: Any, max_bytes: int) -> list | None:
+    """D41: :func:`decode`'s arrays where every one is inline and every meta passes its checks, in
+    one pass; None for anything else, which the full checks then refuse or accept (never a
+    different answer: this path only accepts what they accept)."""
+    if type(metas) is not list or len(metas) != len(frames) - 1:
+        return None
+    checked = []
+    total = 0
+    for meta, frame in zip(metas, frames[1:]):
+        if type(meta) is not dict or "shm" in meta or "ref" in meta:
+            return None
+        dtype, shape, order = meta.get("dtype"), meta.get("shape"), meta.get("order")
+        dt = _DTYPE_OF.get(dtype) if type(dtype) is str else None
+        if dt is None or type(shape) is not list or len(shape) > MAX_NDIM or (order != "C" and order != "F"):
+            return None
+        nbytes = dt.itemsize
+        for d in shape:
+            if type(d) is not int or d < 0:
+                return None
+            nbytes *= d
+        if "fp" in meta and not _is_fp(meta["fp"]):
+            return None
+        buf = _frame_bytes(frame)
+        if buf.nbytes != nbytes:
+            return None
+        total += nbytes
+        checked.append((buf, dt, shape, order))
+    if total > max_bytes:
+        return None
+    return [(np.frombuffer(buf, dtype=dt) if buf.nbytes else np.empty(0, dt)).reshape(shape, order=order)
+            for buf, dt, shape, order in checked]

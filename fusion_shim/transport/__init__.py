@@ -147,13 +147,37 @@ def frame_bytes(frame: Any) -> int:
     return len(frame) if nbytes is None else frame.nbytes
 
 
+_SNDMORE, _POLLIN, _EVENTS = int(zmq.SNDMORE), int(zmq.POLLIN), int(zmq.EVENTS)  # D42: ints, not enums
+_socket_send = zmq.backend.Socket.send  # D42: what zmq.Socket.send calls, past its routing/group checks
+_socket_recv = zmq.backend.Socket.recv
+
+
 def send_frames(sock: zmq.Socket, frames: Sequence[Any], prefix: Sequence[bytes] = ()) -> int:
     """Send a multipart message; returns the bytes of ``frames`` (the prefix is routing, not payload)."""
-    parts = [*prefix, *frames]
+    parts = [*prefix, *frames] if prefix else frames
+    direct = type(sock) is zmq.Socket
     last = len(parts) - 1
+    total = 0
     for i, part in enumerate(parts):
-        sock.send(part, zmq.SNDMORE if i < last else 0, copy=frame_bytes(part) < wire.ZERO_COPY_MIN)
-    return sum(frame_bytes(f) for f in frames)
+        n = len(part) if type(part) is bytes else frame_bytes(part)
+        total += n
+        if direct:
+            _socket_send(sock, part, _SNDMORE if i < last else 0, n < wire.ZERO_COPY_MIN)
+        else:
+            sock.send(part, _SNDMORE if i < last else 0, copy=n < wire.ZERO_COPY_MIN)
+    return total - sum(frame_bytes(p) for p in prefix) if prefix else total
+
+
+def _recv_frames(sock: zmq.Socket) -> list:
+    """``sock.recv_multipart(copy=False)``, each frame's ``more`` read as it came (D42)."""
+    if type(sock) is not zmq.Socket:
+        return sock.recv_multipart(copy=False)
+    frame = _socket_recv(sock, 0, False)
+    frames = [frame]
+    while frame.more:
+        frame = _socket_recv(sock, 0, False)
+        frames.append(frame)
+    return frames
 
 
 class Answer(NamedTuple):
@@ -267,8 +291,7 @@ class Channel:
                 sock.curve_serverkey, sock.curve_publickey, sock.curve_secretkey = curve
             sock.connect(url)
         self.pulse_up = False
-        self._replies = zmq.Poller()  # one for the channel: Socket.poll makes one per call
-        self._replies.register(self.sock, zmq.POLLIN)
+        self._rcvtimeo = -1  # the data socket's RCVTIMEO as last set (D42: the wait for a reply is its receive)
         # what the last request() put on and took off this socket, counted at the socket
         self.last_send_s = 0.0
         self.last_bytes_sent = 0
@@ -279,7 +302,7 @@ class Channel:
         after its last event counts (it carries no requests); the data socket's disconnects are
         counted, since a request in flight is lost with its connection even if another follows."""
         for i, mon in enumerate(self.monitors[:1] if data_only else self.monitors):
-            while mon.get(zmq.EVENTS) & zmq.POLLIN:
+            while mon.getsockopt(_EVENTS) & _POLLIN:
                 event = int.from_bytes(mon.recv_multipart()[0][:2], "little")
                 if i == 1:  # the pulse
                     if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
@@ -385,8 +408,9 @@ class Channel:
         reply, so a late reply to another is dropped before its arrays are looked at."""
         try:
             # what the data socket's monitor says before the request leaves is not about it
-            # (~2 us when it has nothing); a connection known to be down cannot carry it
-            self._events(data_only=True)
+            # (D42: one getsockopt when it has nothing); a connection known to be down cannot carry it
+            if self.monitors and self.monitors[0].getsockopt(_EVENTS) & _POLLIN:
+                self._events(data_only=True)
             mark = self.disconnects
             if self.handshakes and not self.up:
                 raise WorkerLost(f"connection to {self.url} is down (lost since the last call, not yet back)")
@@ -406,7 +430,9 @@ class Channel:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise Timeout(f"no reply within the deadline from {self.url}")
-            if not self._replies.poll(int(min(left, POLL_SLICE_S) * 1000) + 1):
+            try:
+                reply = self._recv(int(min(left, POLL_SLICE_S) * 1000) + 1)
+            except zmq.Again:
                 if alive is not None and not alive():
                     raise WorkerDied(f"worker at {self.url} exited")
                 self._events()
@@ -416,8 +442,7 @@ class Channel:
                         raise WorkerDied(f"worker at {self.url} exited")
                     raise problem
                 continue
-            reply = self.sock.recv_multipart(copy=False)
-            self.last_bytes_received += sum(frame_bytes(f) for f in reply)
+            self.last_bytes_received += sum(map(len, reply))
             if self.peer_uids is not None:
                 self._check_peer(peer_uid(reply[0]))
             try:
@@ -430,6 +455,14 @@ class Channel:
             if header["id"] != rid:
                 continue  # a late reply to a request abandoned earlier: drop it
             return header, arrays
+
+    def _recv(self, timeout_ms: int) -> list:
+        """The next message on the data socket, waited for up to ``timeout_ms`` in the receive
+        itself (D42: a poll and then a receive cost two calls into libzmq)."""
+        if timeout_ms != self._rcvtimeo:
+            self.sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
+            self._rcvtimeo = timeout_ms
+        return _recv_frames(self.sock)
 
     def close(self) -> None:
         for sock in (self.sock, self.pulse):

@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import zmq
@@ -36,6 +37,7 @@ def _property(frame: Any, name: str) -> Any:
         return None
 
 
+@functools.lru_cache(maxsize=64)  # D42: a channel's replies all come from one address
 def _uid_of(peer: Any) -> int | None:
     """The uid in an ipc peer address (``<host>:<uid>:<gid>:<pid>``); None for any other."""
     parts = str(peer or "").rsplit(":", 3)

@@ -185,3 +185,49 @@ def test_read_timing_gives_the_workers_phases_kept_and_evicted():
     assert bare.phases == {} and bare.fingerprint == 0.0 and not bare.oom_retry
     assert bare.kept == frozenset() and bare.evicted == () and bare.result_fps == ()
     assert messages.read_timing({"t": "result", "id": 8, "timing": None}).phases == {}
+
+
+def _variants():
+    """Messages of one or two arrays, valid and each broken in one way the checks name."""
+    good = {"dtype": "<f8", "shape": [2, 3], "order": "C"}
+    buf = np.arange(6.0).tobytes()
+    fp = "0123456789abcdef" * 2
+    yield "valid", [good], [buf], 1 << 40
+    yield "valid F, fp", [{**good, "order": "F", "fp": fp}], [buf], 1 << 40
+    yield "valid two", [good, {"dtype": "|b1", "shape": [4], "order": "C"}], [buf, b"\x01\x00\x01\x00"], 1 << 40
+    yield "valid 0-d", [{"dtype": "<i8", "shape": [], "order": "C"}], [np.int64(5).tobytes()], 1 << 40
+    yield "valid empty", [{"dtype": "<f4", "shape": [0, 3], "order": "C"}], [b""], 1 << 40
+    yield "ref false", [{**good, "ref": False}], [buf], 1 << 40
+    for key, value in [("dtype", "<f16"), ("dtype", 8), ("shape", [2, -3]), ("shape", [True, 6]), ("shape", [2.0, 3]),
+                       ("shape", (2, 3)), ("shape", [1] * 65), ("order", "A"), ("order", None), ("fp", "ABC"),
+                       ("fp", fp.upper()), ("fp", 7)]:
+        yield f"{key}={value!r}"[:40], [{**good, key: value}], [buf], 1 << 40
+    yield "short frame", [good], [buf[:-8]], 1 << 40
+    yield "missing frame", [good, good], [buf], 1 << 40
+    yield "extra frame", [good], [buf, buf], 1 << 40
+    yield "not a map", [["<f8", [6], "C"]], [buf], 1 << 40
+    yield "over max_bytes", [good], [buf], 47
+    yield "arrays not a list", {"0": good}, [buf], 1 << 40
+    yield "a ref", [{**good, "ref": True, "fp": fp}], [], 1 << 40
+    yield "shm unnegotiated", [{**good, "shm": {"name": "x", "offset": 0}}], [], 1 << 40
+
+
+@pytest.mark.parametrize("kind", ["result", "call"])
+@pytest.mark.parametrize("case", list(_variants()), ids=lambda c: c[0])
+def test_the_one_pass_decode_answers_as_the_full_checks_do(case, kind, monkeypatch):
+    """D41: where the one-pass path decodes a message, the full checks decode it the same; where
+    they refuse one, it does too, with their words."""
+    _, metas, bufs, max_bytes = case
+    frames = [msgpack.packb({"v": 1, "t": kind, "id": 3, "arrays": metas}, use_bin_type=True), *bufs]
+
+    def outcome():
+        try:
+            header, arrays = wire.decode(frames, max_bytes=max_bytes)
+        except wire.WireError as exc:
+            return "refused", str(exc)
+        return header, [a if isinstance(a, wire.Ref) else (a.dtype, a.shape, a.flags.f_contiguous, a.tobytes())
+                        for a in arrays]
+
+    fast = outcome()
+    monkeypatch.setattr(wire, "_plain_arrays", lambda *a: None)
+    assert fast == outcome()

@@ -15,7 +15,9 @@ as many pairs: its difference is a fraction of a millisecond. Targets:
   ``import numpy``: within +25 ms of plain;
 - a 0.3 s NumPy program (small calls, all under every floor) under ``auto``: within 1.05x.
 
-``--python``: the interpreter to measure; ``FUSION_SHIM=1`` needs the ``fusion_shim.pth`` of its
+``--instructions``: each launch once under valgrind's callgrind, in instructions, which the
+machine's load does not move (a proxy for CPU, blind to I/O and waits). ``--python``: the
+interpreter to measure; ``FUSION_SHIM=1`` needs the ``fusion_shim.pth`` of its
 install. Measure an install whose bytecode is compiled (``pip install .`` compiles it): a source
 checkout run under ``PYTHONDONTWRITEBYTECODE=1`` compiles the shim's modules at every start.
 """
@@ -119,6 +121,31 @@ def measure(python: str, pairs: int, program: bool) -> list[dict]:
         return [paired(case, python, d, pairs) for case in cases]
 
 
+def instructions(argv: list[str], env: dict[str, str], cwd: str) -> int:
+    """User-space instructions of one process under ``valgrind --tool=callgrind``: a count that the
+    machine's load does not move (D116). BLAS on one thread and a fixed hash seed, on both sides."""
+    env = {**env, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    out = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv], env=env, cwd=cwd,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=True).stderr
+    return int(next(ln for ln in out.splitlines() if "Collected :" in ln).split()[-1])
+
+
+def count(python: str, program: bool) -> list[dict]:
+    """Each case's two launches once each, in instructions (needs valgrind)."""
+    with tempfile.TemporaryDirectory(prefix="fs-bench-start-") as d:
+        for name, text in (("hello.py", HELLO), ("app.py", APP), ("program.py", PROGRAM)):
+            with open(os.path.join(d, name), "w") as f:
+                f.write(text)
+        rows = []
+        for case in CASES + ((PROGRAM_CASE,) if program else ()):
+            plain_env, shim_env = clean_env(), {**clean_env(), **case.shim_env}
+            instructions([python, case.script], plain_env, d)  # the page cache and .pyc, as paired() does
+            plain = instructions([python, case.script], plain_env, d)
+            shim = instructions([python, *case.shim_args, case.script], shim_env, d)
+            rows.append({"case": case.name, "plain": plain, "shim": shim, "ratio": shim / plain})
+        return rows
+
+
 def format_rows(rows: list[dict]) -> str:
     lines = [f"{'case':48} {'plain ms':>9} {'shim ms':>9} {'ratio':>6} {'added ms':>9} {'cpu plain':>9} "
              f"{'cpu shim':>9}  target"]
@@ -134,7 +161,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=15)
     parser.add_argument("--python", default=sys.executable)
     parser.add_argument("--no-program", action="store_true", help="skip the 0.3 s program")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count each launch's instructions under valgrind instead of timing pairs")
     opts = parser.parse_args(argv)
+    if opts.instructions:
+        print(f"instructions (callgrind), one run each; {opts.python}")
+        for r in count(opts.python, not opts.no_program):
+            print(f"{r['case']:48} plain {r['plain'] / 1e6:9.1f} M  shim {r['shim'] / 1e6:9.1f} M  "
+                  f"added {(r['shim'] - r['plain']) / 1e6:+7.1f} M  ratio {r['ratio']:.3f}")
+        return 0
     rows = measure(opts.python, opts.pairs, not opts.no_program)
     print(f"{opts.pairs} pairs, medians; {opts.python}")
     print(format_rows(rows))

@@ -286,7 +286,8 @@ class Worker:
                slots: list) -> messages.Reply:
         """The ``result`` reply: results in their slots where offered, the others as frames."""
         fps = extra.pop("fps", None)
-        return messages.result(rid, timing, results, fps, _place(results, dests, slots, self.shm), **extra)
+        locs = _place(results, dests, slots, self.shm) if any(d is not None for d in dests) else None
+        return messages.result(rid, timing, results, fps, locs, **extra)
 
     def _run_resident(self, kernel: Any, header: dict, arrays: list, params: dict,
                       layouts: list) -> tuple[list, dict, dict]:
@@ -312,7 +313,7 @@ class Worker:
         held = {m["fp"] for m in metas if "fp" in m}  # this call's inputs: never evicted by it
         evicted: list = []
         checked_s = 0.0
-        for meta, a, t in zip(metas, arrays, tensors):
+        for meta, a, t in zip(metas, arrays, tensors) if held else ():
             if "fp" in meta and not isinstance(a, wire.Ref):
                 c = time.perf_counter()
                 received = _received_fingerprint(meta, a)
@@ -344,7 +345,7 @@ class Worker:
             extra["fps"], extra["evicted"] = self._keep(results, out, held, evicted)
             timing["fingerprint"] = timing.get("fingerprint", 0.0) + time.perf_counter() - t3
         # what the client may send by reference
-        extra["kept"] = [fp for fp in held if self.store.holds(self.principal.name, fp)]
+        extra["kept"] = [fp for fp in held if self.store.holds(self.principal.name, fp)] if held else []
         return out, timing, extra
 
     def _keep(self, results: list, out: list, held: set, evicted: list) -> tuple[list, list]:

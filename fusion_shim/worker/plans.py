@@ -132,16 +132,15 @@ def _is_the_id(prefix: bytes, suffix: bytes, header: dict) -> bool:
 
 
 def _arrays(frames: list, inputs: tuple) -> list | None:
-    """The inputs as views on their frames, as :func:`wire.decode` makes them; None where the
-    frames are not the plan's (their count, a length)."""
+    """The inputs as views on their frames, laid out as :func:`wire.decode` lays them out (one
+    ``np.ndarray`` over each frame: a third of ``frombuffer`` and ``reshape``'s time); None where
+    the frames are not the plan's (their count, a length)."""
     if len(frames) != len(inputs) + 1:
         return None
     arrays = []
     for frame, (dt, shape, order, nbytes) in zip(frames[1:], inputs):
-        buf = getattr(frame, "buffer", None)
-        buf = buf if buf is not None else memoryview(frame)
-        if buf.nbytes != nbytes:
+        if (len(frame) if isinstance(frame, zmq.Frame) else memoryview(frame).nbytes) != nbytes:
             return None
-        flat = np.frombuffer(buf, dtype=dt) if nbytes else np.empty(0, dt)
-        arrays.append(flat.reshape(shape, order=order))
+        empty = not nbytes  # no bytes: a fresh empty array, as the decoder makes
+        arrays.append(np.empty(0, dt).reshape(shape, order=order) if empty else np.ndarray(shape, dt, frame, 0, None, order))
     return arrays

@@ -144,3 +144,16 @@ def test_a_header_frame_past_the_plans_bound_is_decoded_and_refused_as_before(wo
     assert worker.plans.find(ALICE.name, [bytearray(plans_mod.HEADER_MAX + 1)], worker.max_bytes) is None
     header, _ = _answer(worker, [zmq.Frame(b"\x00" * (wire.MAX_HEADER + 1))])
     assert header["t"] == "error" and header["kind"] == "bad_request"
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_a_plans_inputs_are_the_views_the_decoder_makes(worker, order):
+    a, b = np.asarray(np.arange(6.0).reshape(2, 3), order=order), np.ones((3, 4))
+    _answer(worker, _request(1, a, b))
+    frames = [zmq.Frame(bytes(memoryview(f))) for f in _request(2, a, b)]
+    _, _, planned, _ = worker.plans.find(ALICE.name, frames, worker.max_bytes)
+    _, decoded = wire.decode(frames)
+    for p, d in zip(planned, decoded):
+        assert (p.dtype, p.shape, p.strides, p.ctypes.data) == (d.dtype, d.shape, d.strides, d.ctypes.data)
+        assert (p.flags.writeable, p.flags.aligned) == (d.flags.writeable, d.flags.aligned)
+    np.testing.assert_array_equal(planned[0], a)

@@ -13,6 +13,7 @@ from . import bench
 from .kernels import DTYPES, Kernel
 from .kernels.common import _dt
 
+_BY_STR = {dt.str: t for dt, t in DTYPES.items()}  # a call's cdtype as it travels: no np.dtype() per call
 ONE_THREAD_MAX = 256 << 10  # D71: input bytes up to which a CPU kernel runs on the calling thread alone
 
 class TorchBackend:
@@ -90,12 +91,12 @@ class TorchBackend:
         return self._compute(kernel, tensors, params, layouts)
 
     def _compute(self, kernel: Kernel, tensors: list, params: dict, layouts: list) -> list:
-        cdtype = DTYPES[np.dtype(params["cdtype"])]
-        idtypes = params.get("idtypes") or [None] * len(tensors)  # per operand, where they differ
+        cdtype = _BY_STR.get(params["cdtype"]) or DTYPES[np.dtype(params["cdtype"])]
+        idtypes = params.get("idtypes")  # per operand, where they differ
         rdtypes = params.get("rdtypes")
-        if len(idtypes) != len(tensors):
+        if idtypes and len(idtypes) != len(tensors):
             raise ValueError(f"{len(idtypes)} idtypes for {len(tensors)} operands")
-        wanted = [cdtype if d is None else _dt(d) for d in idtypes]
+        wanted = [cdtype if d is None else _dt(d) for d in idtypes] if idtypes else [cdtype] * len(tensors)
         results = kernel([t if t.dtype == w else t.to(w) for t, w in zip(tensors, wanted)], params)
         if len(results) != len(layouts) or (rdtypes is not None and len(rdtypes) != len(results)):
             raise ValueError(f"kernel made {len(results)} results, the call asked for {len(layouts)} layouts")
@@ -106,6 +107,8 @@ class TorchBackend:
     def to_host(self, results: list) -> list[np.ndarray]:
         """Results as host arrays (a result slot in a client's segment is then written through its
         fd, D67)."""
+        if self._host:  # a CPU tensor's cpu() is itself
+            return [r.numpy() for r in results]
         return [r.cpu().numpy() for r in results]
 
     def warm(self, shared: bool = False) -> dict[str, Any]:

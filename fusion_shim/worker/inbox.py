@@ -36,6 +36,7 @@ class Inbox:
         self.sock = sock
         self._arrivals = zmq.Poller()  # one for the socket: Socket.poll makes one per call
         self._arrivals.register(sock, zmq.POLLIN)
+        self._timeout_ms = sock.getsockopt(zmq.RCVTIMEO)  # the loop's receive waits this long
         self.budget = budget
         self.curve = curve
         self.waiting: collections.deque = collections.deque()  # (frames, principal, bytes)
@@ -56,12 +57,27 @@ class Inbox:
             frames, principal, n = self.waiting.popleft()
             self.held[principal.name] -= n
             return frames, principal
-        while self._arrivals.poll(timeout_ms):
-            frames = self.sock.recv_multipart(copy=False)
+        while (frames := self._recv(timeout_ms)) is not None:
             if len(frames) >= 2:  # else no routing identity: nothing to answer to
                 return frames, principal_of(frames[1], self.curve)
             timeout_ms = 0
         return None
+
+    def _recv(self, timeout_ms: int) -> list | None:
+        """One message's frames, or None when none came within ``timeout_ms``. D74: a blocking
+        receive under the socket's timeout, each frame's own flag for the next: no poll first."""
+        if timeout_ms != self._timeout_ms:
+            self.sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
+            self._timeout_ms = timeout_ms
+        try:
+            frame = self.sock.recv(copy=False)
+        except zmq.Again:
+            return None
+        frames = [frame]
+        while frame.more:  # the rest of a message has come with its first frame
+            frame = self.sock.recv(copy=False)
+            frames.append(frame)
+        return frames
 
     def running(self, call: Callable[[], Any]) -> Any:
         """``call()``, with the socket left to the draining thread should it run long."""

@@ -60,6 +60,7 @@ from ..transport import shm_common
 from ..transport.shm_worker import ShmMapper
 from ..transport.principal import ANON, Principal
 from .inbox import Inbox
+from .plans import Plans
 from .shapes import over_declared
 from .store import ResidentStore, default_budget
 
@@ -105,6 +106,7 @@ class Worker:
         self.principal = ANON  # whose request is being handled
         self.allow_code = allow_code  # code from clients (docs/stages.md)
         self.stages = None  # its host, made at the first stage request (D177)
+        self.plans = Plans()  # D75: admitted plain calls, by their header but for its id
 
     def stage_host(self, frames: list) -> Any:
         """The stage host where ``frames`` may be a stage request this worker could take, else None."""
@@ -180,6 +182,11 @@ class Worker:
         rid = 0
         self.last_was_call = False
         try:
+            hit = self.plans.find(self.principal.name, frames, self.max_bytes)
+            if hit is not None and (kernel := self.kernels.get(hit[1]["op"])) is not None:
+                rid, header, arrays, plan = hit
+                self.last_was_call = True
+                return self._execute(rid, header, arrays, kernel, *plan.admitted)
             early = None
             if self.shm is not None and frames:
                 early = wire.decode_header(frames[0])
@@ -206,17 +213,18 @@ class Worker:
                 return messages.error(rid, "refused", "CodeRefused", "this worker was started without --allow-code")
             if kind != "call":
                 return messages.error(rid, "bad_request", "WireError", f"a worker does not accept {kind!r}")
-            return self._call(rid, header, arrays)
+            return self._call(rid, header, arrays, frames[0])
         except wire.WireError as exc:
             return messages.error(rid, "version" if "version" in str(exc) else "bad_request", "WireError", str(exc))
         except Exception as exc:  # the boundary: any fault becomes a reply, the loop stays up
             return messages.error(rid, "kernel_error", type(exc).__name__, str(exc))
 
-    def _call(self, rid: int, header: dict, arrays: list) -> messages.Reply:
+    def _call(self, rid: int, header: dict, arrays: list, frame: Any) -> messages.Reply:
         try:
             admitted = self._admit(header, arrays)
         except _Refusal as no:
             return messages.error(rid, no.kind, no.exc, str(no))
+        self.plans.learn(self.principal.name, frame, header, arrays, admitted[1:], self.max_bytes)
         return self._execute(rid, header, arrays, *admitted)
 
     def _admit(self, header: dict, arrays: list) -> tuple[Any, list, list, list]:
@@ -278,7 +286,8 @@ class Worker:
                slots: list) -> messages.Reply:
         """The ``result`` reply: results in their slots where offered, the others as frames."""
         fps = extra.pop("fps", None)
-        return messages.result(rid, timing, results, fps, _place(results, dests, slots, self.shm), **extra)
+        locs = _place(results, dests, slots, self.shm) if any(d is not None for d in dests) else None
+        return messages.result(rid, timing, results, fps, locs, **extra)
 
     def _run_resident(self, kernel: Any, header: dict, arrays: list, params: dict,
                       layouts: list) -> tuple[list, dict, dict]:
@@ -304,7 +313,7 @@ class Worker:
         held = {m["fp"] for m in metas if "fp" in m}  # this call's inputs: never evicted by it
         evicted: list = []
         checked_s = 0.0
-        for meta, a, t in zip(metas, arrays, tensors):
+        for meta, a, t in zip(metas, arrays, tensors) if held else ():
             if "fp" in meta and not isinstance(a, wire.Ref):
                 c = time.perf_counter()
                 received = _received_fingerprint(meta, a)
@@ -336,7 +345,7 @@ class Worker:
             extra["fps"], extra["evicted"] = self._keep(results, out, held, evicted)
             timing["fingerprint"] = timing.get("fingerprint", 0.0) + time.perf_counter() - t3
         # what the client may send by reference
-        extra["kept"] = [fp for fp in held if self.store.holds(self.principal.name, fp)]
+        extra["kept"] = [fp for fp in held if self.store.holds(self.principal.name, fp)] if held else []
         return out, timing, extra
 
     def _keep(self, results: list, out: list, held: set, evicted: list) -> tuple[list, list]:

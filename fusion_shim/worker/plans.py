@@ -1,0 +1,146 @@
+"""Admitted calls remembered by their header, so that the next call of the same shape skips the
+header's decoding, validation and admission (D75).
+
+A client repeating a call sends the same header bytes but for its request id. A *plan* is what
+:func:`fusion_shim.protocol.wire.decode` and the worker's admission made of one such header: the
+decoded header, its inputs' dtypes, shapes, orders and byte counts, its declared results and their
+slots. It is keyed by its principal and by the header's bytes around the id's value: a request whose
+bytes before the id are the plan's, whose id is one msgpack unsigned int there, and whose bytes after
+it are the plan's decodes to the plan's header with that id (msgpack reads left to right, so the same
+prefix leaves the reader in the same place, one int there is one item, and the same suffix reads the
+same). A plan is made only after its header was decoded with another id at that place and read the
+same but for the id, so the int there is the header's own ``id``.
+
+Only plain calls get a plan: every input travels as a frame (no reference, fingerprint or shared
+memory), and the header carries nothing but the call (no ``keep``, result slots or segments to drop).
+A request that matches a plan but not its frames (their count, each one's length) is decoded in
+full, and refused there. Plans are read, never changed: the header they hold is shared by their calls.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import msgpack
+import numpy as np
+import zmq
+
+from ..protocol import wire
+
+PLANS_MAX = 256      # plans kept, the oldest dropped first
+HEADER_MAX = 4096    # bytes: a larger header is decoded every time (a plan keeps its bytes)
+OFFSETS_MAX = 4      # distinct places of the id (one per client encoding) looked at per request
+PLAIN_KEYS = frozenset(("v", "t", "id", "op", "params", "layouts", "results", "arrays"))
+PLAIN_META = frozenset(("dtype", "shape", "order"))
+_ID_KEY = msgpack.packb("id")
+_UINT_LEN = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}  # msgpack's unsigned ints past a positive fixint
+
+
+class Plan(NamedTuple):
+    header: dict
+    inputs: tuple          # per buffer frame: (dtype, shape, order, nbytes)
+    admitted: tuple        # declared results, result destinations, slots (the kernel is looked up per call)
+    max_bytes: int         # the budget it was admitted under
+
+
+class Plans:
+    """A worker's plans, at most ``limit``."""
+
+    def __init__(self, limit: int = PLANS_MAX):
+        self.limit = limit
+        self._plans: dict[tuple, Plan] = {}
+        self._offsets: list[int] = []  # where the id's value starts in the headers planned
+
+    def find(self, who: str, frames: list, max_bytes: int) -> tuple[int, dict, list, Plan] | None:
+        """``(id, header, arrays, plan)`` for a request of ``who`` that one of its plans answers,
+        else None (decode it in full)."""
+        if not self._offsets or not frames:
+            return None
+        raw = _raw(frames[0])
+        if raw is None:
+            return None
+        for off in self._offsets:
+            got = _uint_at(raw, off)
+            if got is None:
+                continue
+            rid, end = got
+            plan = self._plans.get((who, off, raw[:off], raw[end:]))
+            if plan is not None and plan.max_bytes == max_bytes:
+                arrays = _arrays(frames, plan.inputs)
+                return None if arrays is None else (rid, {**plan.header, "id": rid}, arrays, plan)
+        return None
+
+    def learn(self, who: str, frame: Any, header: dict, arrays: list, admitted: tuple, max_bytes: int) -> None:
+        """Remember an admitted call of ``who`` (``header`` decoded from ``frame``) if it is plain."""
+        raw = _raw(frame)
+        if raw is None or not _plain(header):
+            return
+        rid = header["id"]
+        at = raw.find(_ID_KEY + msgpack.packb(rid))
+        if at < 0:
+            return
+        off = at + len(_ID_KEY)
+        got = _uint_at(raw, off)
+        if got is None or got[0] != rid:
+            return
+        prefix, suffix = raw[:off], raw[got[1]:]
+        if (off not in self._offsets and len(self._offsets) >= OFFSETS_MAX) or not _is_the_id(prefix, suffix, header):
+            return
+        if off not in self._offsets:
+            self._offsets.append(off)
+        if len(self._plans) >= self.limit:
+            del self._plans[next(iter(self._plans))]
+        inputs = tuple((a.dtype, a.shape, m["order"], a.nbytes) for a, m in zip(arrays, header["arrays"]))
+        self._plans[(who, off, prefix, suffix)] = Plan(header, inputs, admitted, max_bytes)
+
+
+def _raw(frame: Any) -> bytes | None:
+    """A header frame's bytes; None for one longer than ``HEADER_MAX``, never copied."""
+    if isinstance(frame, bytes):
+        return frame if len(frame) <= HEADER_MAX else None
+    if isinstance(frame, zmq.Frame):
+        return frame.bytes if len(frame) <= HEADER_MAX else None
+    view = memoryview(frame)
+    return view.tobytes() if view.nbytes <= HEADER_MAX else None
+
+
+def _uint_at(raw: bytes, off: int) -> tuple[int, int] | None:
+    """The msgpack unsigned int starting at ``off`` and where it ends; None if none starts there."""
+    if off >= len(raw):
+        return None
+    b = raw[off]
+    if b < 0x80:
+        return b, off + 1
+    n = _UINT_LEN.get(b)
+    if n is None or off + 1 + n > len(raw):
+        return None
+    return int.from_bytes(raw[off + 1:off + 1 + n], "big"), off + 1 + n
+
+
+def _plain(header: dict) -> bool:
+    metas = header.get("arrays")
+    return (header.get("t") == "call" and PLAIN_KEYS.issuperset(header) and isinstance(metas, list)
+            and all(PLAIN_META.issuperset(m) for m in metas))
+
+
+def _is_the_id(prefix: bytes, suffix: bytes, header: dict) -> bool:
+    """Whether another int between ``prefix`` and ``suffix`` decodes to ``header`` with that id."""
+    other = header["id"] + 1 if header["id"] < 1 << 63 else header["id"] - 1  # a uint64 either way
+    try:
+        return wire.decode_header(prefix + msgpack.packb(other) + suffix) == {**header, "id": other}
+    except wire.WireError:
+        return False
+
+
+def _arrays(frames: list, inputs: tuple) -> list | None:
+    """The inputs as views on their frames, laid out as :func:`wire.decode` lays them out (one
+    ``np.ndarray`` over each frame: a third of ``frombuffer`` and ``reshape``'s time); None where
+    the frames are not the plan's (their count, a length)."""
+    if len(frames) != len(inputs) + 1:
+        return None
+    arrays = []
+    for frame, (dt, shape, order, nbytes) in zip(frames[1:], inputs):
+        if (len(frame) if isinstance(frame, zmq.Frame) else memoryview(frame).nbytes) != nbytes:
+            return None
+        empty = not nbytes  # no bytes: a fresh empty array, as the decoder makes
+        arrays.append(np.empty(0, dt).reshape(shape, order=order) if empty else np.ndarray(shape, dt, frame, 0, None, order))
+    return arrays

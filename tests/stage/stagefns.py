@@ -76,7 +76,7 @@ def where(pid):
 
 def slow_here(pid, a):
     if os.getpid() == pid:
-        time.sleep(0.2)
+        time.sleep(1.0)  # more than a stage round trip to a worker takes on a loaded machine
     return a * 2
 
 

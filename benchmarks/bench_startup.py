@@ -112,11 +112,15 @@ def summarise(case: Case, plain: list, shim: list) -> dict:
             "target": case.target, "met": ok}
 
 
+def _write_scripts(d: str) -> None:
+    for name, text in (("hello.py", HELLO), ("app.py", APP), ("program.py", PROGRAM)):
+        with open(os.path.join(d, name), "w") as f:
+            f.write(text)
+
+
 def measure(python: str, pairs: int, program: bool) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="fs-bench-start-") as d:
-        for name, text in (("hello.py", HELLO), ("app.py", APP), ("program.py", PROGRAM)):
-            with open(os.path.join(d, name), "w") as f:
-                f.write(text)
+        _write_scripts(d)
         cases = CASES + ((PROGRAM_CASE,) if program else ())
         return [paired(case, python, d, pairs) for case in cases]
 
@@ -133,9 +137,7 @@ def instructions(argv: list[str], env: dict[str, str], cwd: str) -> int:
 def count(python: str, program: bool) -> list[dict]:
     """Each case's two launches once each, in instructions (needs valgrind)."""
     with tempfile.TemporaryDirectory(prefix="fs-bench-start-") as d:
-        for name, text in (("hello.py", HELLO), ("app.py", APP), ("program.py", PROGRAM)):
-            with open(os.path.join(d, name), "w") as f:
-                f.write(text)
+        _write_scripts(d)
         rows = []
         for case in CASES + ((PROGRAM_CASE,) if program else ()):
             plain_env, shim_env = clean_env(), {**clean_env(), **case.shim_env}

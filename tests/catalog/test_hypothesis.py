@@ -278,7 +278,9 @@ def s_einsum(d: Draw) -> Call:
             out = _out(d, res.shape, res.dtype)
             if out:
                 kw["out"] = out
-    return Call((sub, *arrays), kw, size=16)
+    # optimize over three operands of two dtypes: NumPy's intermediates keep each pair's dtype, left to it
+    mixed = opt is not False and len(arrays) > 2 and len({a.dtype.newbyteorder("=") for a in arrays}) > 1
+    return Call((sub, *arrays), kw, size=16, local_ok=mixed)
 
 
 def s_vecfunc(kind: str, linalg: bool = False) -> Callable[[Draw], Call]:

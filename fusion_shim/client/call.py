@@ -22,7 +22,7 @@ from ..catalog import OpSpec, Prepared, Unsupported, prepare
 from ..config import Config
 from ..errors import FallbackError
 from ..ledger import Ledger, Record, call_site
-from . import remote
+from . import remote, repeat
 from .checks import Checks, Done
 from .link import WorkerLink
 from .residency import HashRate, Reuse, Wired
@@ -54,6 +54,8 @@ class CallPath:
         self.hash_rate = hash_rate  # how fast this process fingerprints inputs (what a look costs)
         self.reuse = reuse  # inputs this process keeps passing to remote candidates
         self._inflight_lock = threading.Lock()
+        self.templates: dict[tuple, repeat.Template] = {}  # D45: (op, layout key) -> what its first call made
+        self.repeated = 0  # calls sent from a template
 
     def run(self, spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict) -> Done | Record:
         """``Done`` (the worker's answer, to be checked) or a ``Record`` (compute here, then
@@ -71,11 +73,18 @@ class CallPath:
 
     def _run(self, spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict, rec: Record,
              t0: float) -> Done | Record:
-        prep = self._prepare(spec, sig, args, kwargs, rec)
-        if prep is None:  # unsupported, pinned, or no worker has its kernel: the record says so
-            return rec
-        call = plan.Call(spec.name, spec.family, _dtype_code(prep), prep.flops, prep.bytes_in, prep.bytes_out)
-        planned, wired = self.decide(spec, call, prep, rec)
+        key = repeat.layout_key(args, kwargs) if not self.config.residency and repeat.repeatable(spec) else None
+        tmpl = self.templates.get((spec.name, key)) if key is not None else None
+        if tmpl is not None and self._may_repeat(spec, tmpl, rec):
+            prep, call, wired = tmpl.prepared(args, kwargs), tmpl.call, None
+            planned = self._repeat_decision(spec, tmpl, prep, rec)
+        else:
+            tmpl = None
+            prep = self._prepare(spec, sig, args, kwargs, rec)
+            if prep is None:  # unsupported, pinned, or no worker has its kernel: the record says so
+                return rec
+            call = plan.Call(spec.name, spec.family, _dtype_code(prep), prep.flops, prep.bytes_in, prep.bytes_out)
+            planned, wired = self.decide(spec, call, prep, rec)
         decision = planned.decision
         rec.plan = planned
         rec.reason = decision.reason
@@ -84,7 +93,39 @@ class CallPath:
             # under policy remote every supported call was meant for the worker: that is a fallback
             rec.kind = "fallback" if self.config.policy == "remote" else "local"
             return rec
-        return self._send(spec, call, decision, prep, rec, wired, t0)
+        got = self._send(spec, call, decision, prep, rec, wired, t0, tmpl)
+        if (tmpl is None and key is not None and got.__class__ is Done and wired is None
+                and not (rec.shm_sent or rec.shm_received) and len(self.templates) < repeat.TEMPLATES_MAX):
+            made = repeat.make(prep, args, kwargs, call, rec.shapes, rec.dtypes)
+            if made is not None:
+                self.templates[(spec.name, key)] = made
+        return got
+
+    # -- a call repeating an earlier one's layout (D45) -------------------------------------------
+    def _may_repeat(self, spec: OpSpec, tmpl: repeat.Template, rec: Record) -> bool:
+        """Whether what :meth:`_prepare` would do for this call is what it did for the template's:
+        the same signature is not pinned, some worker is up (a cold one is waited for there), one
+        offers the kernel."""
+        rec.shapes, rec.dtypes = list(tmpl.shapes), list(tmpl.dtypes)
+        if self.checks.pinned_reason(rec, tmpl.op_key) is not None:
+            return False
+        for link in self.links:
+            if link.ready.is_set():
+                return self._unoffered(spec) is None
+        return False
+
+    def _repeat_decision(self, spec: OpSpec, tmpl: repeat.Template, prep: Prepared, rec: Record) -> Planned:
+        """The call's decision: under policy remote with one ready worker, the template's for
+        ``REPRICE_EVERY`` calls (there the planner only prices it for the report); else made afresh."""
+        self.repeated += 1
+        if self.config.policy != "remote" or len(self.links) != 1:
+            return self.decide(spec, tmpl.call, prep, rec)[0]
+        planned = tmpl.planned
+        if planned is None or tmpl.uses >= repeat.REPRICE_EVERY or self.links[0].state not in ("ready", "busy"):
+            planned = tmpl.planned = self.decide(spec, tmpl.call, prep, rec)[0]
+            tmpl.uses = 0
+        tmpl.uses += 1
+        return planned
 
     # -- prepare ----------------------------------------------------------------------------------
     def _prepare(self, spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict,
@@ -210,7 +251,7 @@ class CallPath:
 
     # -- send, and fall back ----------------------------------------------------------------------
     def _send(self, spec: OpSpec, call: plan.Call, decision: plan.Decision, prep: Prepared, rec: Record,
-              wired: Wired | None, t0: float) -> Done | Record:
+              wired: Wired | None, t0: float, tmpl: repeat.Template | None = None) -> Done | Record:
         link = self.links[decision.worker or 0]
         predicted = decision.remote_s
         deadline_s, bounded = self._deadline(link, call, decision)
@@ -219,7 +260,7 @@ class CallPath:
             link.backlog_s += predicted or 0.0
         t_sent = time.perf_counter()
         try:
-            value, seconds, kernel_s = remote.send(prep, rec, link, wired, deadline_s)
+            value, seconds, kernel_s = remote.send(prep, rec, link, wired, deadline_s, tmpl)
             # the device model learns the kernel's time; the link model everything else of the round
             # trip, with the bytes that crossed it (socket and shared memory)
             self.planner.observed_remote(link.index, call, decision, seconds, kernel_s,

@@ -12,7 +12,9 @@ from .. import transport
 from ..catalog import Prepared
 from ..ledger import Record
 from ..protocol import messages, wire
+from ..transport import shm_client
 from .link import WorkerLink
+from .repeat import Template
 from .residency import Mirror, Wired
 
 _results: dict[str, type] = {}  # numpy.linalg's result types by name, looked up once
@@ -37,27 +39,33 @@ def call_message(rid: int, prep: Prepared) -> list:
 
 
 def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
-         deadline_s: float) -> tuple[Any, float, float | None]:
+         deadline_s: float, tmpl: Template | None = None) -> tuple[Any, float, float | None]:
     """Send the call on ``link`` and wait up to ``deadline_s`` for its reply: (NumPy's return value,
     seconds from encoding to decoding, the worker's kernel seconds). The record gets the bytes, the
-    phases and the residency counts."""
+    phases and the residency counts. ``tmpl``: the call repeats its layout and is encoded from it,
+    unless shared memory would carry it."""
     chan = link.channel()
     t0 = time.perf_counter()
-    header = call_header(link.next_id(), prep, keep=wired is not None)
-    if wired is None:
-        items, fps, refs = [wire.to_wire(a) for a in prep.arrays], None, ()
+    lane = link.shm()
+    if tmpl is not None and (lane is None or tmpl.largest < shm_client.MIN_BYTES):
+        req: Any = tmpl.request(link.next_id(), prep, lane.drops() if lane is not None else ())
+        lane = None  # a small call's frames as they are, as the lane sends them (D45)
     else:
-        wired.refs = wired.refs_in(link.mirror)
-        items, fps, refs = wired.items, wired.fps, wired.refs
-    req = messages.Request(header, items, fps, refs, prep.results)
-    reply, arrays, t1 = _exchange(link, chan, req, rec, deadline_s)
+        header = call_header(link.next_id(), prep, keep=wired is not None)
+        if wired is None:
+            items, fps, refs = [wire.to_wire(a) for a in prep.arrays], None, ()
+        else:
+            wired.refs = wired.refs_in(link.mirror)
+            items, fps, refs = wired.items, wired.fps, wired.refs
+        req = messages.Request(header, items, fps, refs, prep.results)
+    reply, arrays, t1 = _exchange(link, chan, req, rec, deadline_s, lane)
     if reply["t"] == "error" and reply.get("kind") == "missing" and wired is not None and wired.refs:
         # the mirror was stale (an eviction it did not hear of, another client): resend by value, once
         link.mirror.discard(reply.get("missing") or ())
         rec.resends += len(wired.refs)
         header["id"] = link.next_id()
         before = chan.last_bytes_sent, chan.last_bytes_received
-        reply, arrays, _ = _exchange(link, chan, req._replace(refs=()), rec, deadline_s)
+        reply, arrays, _ = _exchange(link, chan, req._replace(refs=()), rec, deadline_s, link.shm())
         chan.last_bytes_sent += before[0]  # both round trips were on the socket
         chan.last_bytes_received += before[1]
         wired.refs = []
@@ -118,11 +126,11 @@ def _phases(timing: messages.Timing, rec: Record, chan: transport.Channel, link:
     return worker_s.get("kernel")
 
 
-def _exchange(link: WorkerLink, chan: transport.Channel, req: messages.Request, rec: Record,
-              deadline_s: float) -> tuple[dict, list, float]:
+def _exchange(link: WorkerLink, chan: transport.Channel, req: Any, rec: Record,
+              deadline_s: float, lane: Any) -> tuple[dict, list, float]:
     """One request and its reply; returns (reply, arrays, when encoding ended). On a same-host
-    link the buffers go through shared memory (the link's lane)."""
-    ans = chan.request(req, time.monotonic() + deadline_s, link.watch, lane=link.shm())
+    link the buffers go through shared memory (``lane``, the link's)."""
+    ans = chan.request(req, time.monotonic() + deadline_s, link.watch, lane=lane)
     if ans.lane_note:
         link.ledger.event(ans.lane_note)
     rec.shm_sent += ans.shm_sent

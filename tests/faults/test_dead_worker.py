@@ -103,6 +103,23 @@ def test_worker_killed_between_calls_and_replaced(workers):
     assert records(rt)[-1].kind == "worker"
 
 
+def test_worker_killed_between_repeated_calls(workers):
+    """Calls sent from their template (D45: residency off) fall back the same way."""
+    proc, url = workers.start()
+    rt = install(url, timeout=2.0, residency=False)
+    assert rt.link.wait_ready(READY_S), events(rt)
+    for seed in (1, 2):
+        a, b, want = operands(seed)
+        np.testing.assert_allclose(np.matmul(a, b), want, rtol=1e-12)
+    assert records(rt)[-1].kind == "worker" and rt.calls.repeated == 1
+    proc.kill()
+    proc.wait(10)
+    a, b, want = operands(3)
+    np.testing.assert_array_equal(np.matmul(a, b), want)
+    rec = records(rt)[-1]
+    assert rec.kind == "fallback" and rec.reason.startswith("WorkerLost"), rec.reason
+
+
 # -- the worker is killed during a call -------------------------------------------------------------
 
 def test_external_worker_killed_during_call(workers):

@@ -1,0 +1,129 @@
+"""A remote call that repeats an earlier one's layout, sent from what that call made (D45).
+
+A program's small remote calls mostly repeat: the same op at the same line, on arrays of the same
+dtypes, shapes and strides, with the same other arguments. For a row whose rule reads only that of
+its arguments (:data:`REPEATABLE`), such a call binds to the same :class:`Prepared` but for its
+arrays, and encodes to the same header but for its id. A :class:`Template` keeps both from the
+first call that went to a worker by value (no out=, no finish, every input an argument as given),
+keyed by :func:`layout_key`; the next call with that key skips the binding, the rule, the planner's
+``Call`` and the header's encoding. Its reply is decoded and checked in full, as any call's.
+
+Under policy remote the decision is the template's for ``REPRICE_EVERY`` calls (the planner only
+prices it for the report there, D45); under auto every call is decided afresh.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import msgpack
+import numpy as np
+
+from .. import plan
+from ..catalog import OpSpec, Prepared
+from ..protocol import messages, wire
+
+# D45: the rules' module whose rules read only dtypes, shapes, strides and plain arguments (a test
+# checks each of its rows against arrays of the same layout and other values)
+REPEATABLE = "products."
+REPRICE_EVERY = 16   # D45: calls a remote-policy template's decision is reused for
+TEMPLATES_MAX = 64   # per op: layouts remembered, the first ones kept
+_SCALARS = (int, bool, str, type(None))
+_ndarray = np.ndarray
+_ID_ZERO = msgpack.packb("id") + msgpack.packb(0)  # a header's last key and value, the id's a fixint of one byte
+
+
+def repeatable(spec: OpSpec) -> bool:
+    ref = spec.rule_ref
+    return type(ref) is str and ref.startswith(REPEATABLE)
+
+
+def layout_key(args: tuple, kwargs: dict) -> tuple | None:
+    """What a products rule reads of a call: each array's dtype, shape and strides, every other
+    argument's type and value; None where an argument is anything else (a float, a list, a
+    subclass of ndarray), which is never repeated."""
+    key: list = []
+    for x in args:
+        t = type(x)
+        if t is _ndarray:
+            key.append((x.dtype, x.shape, x.strides))
+        elif t in _SCALARS or (t is tuple and all(type(y) in _SCALARS for y in x)):
+            key.append((t, x))
+        else:
+            return None
+    if kwargs:
+        for name, x in kwargs.items():
+            t = type(x)
+            if t is _ndarray:
+                key.append((name, x.dtype, x.shape, x.strides))
+            elif t in _SCALARS or (t is tuple and all(type(y) in _SCALARS for y in x)):
+                key.append((name, t, x))
+            else:
+                return None
+    return tuple(key)
+
+
+class Encoded(NamedTuple):
+    """A request already encoded, for :meth:`transport.Channel.request`."""
+    id: int
+    encoded: list
+
+    def frames(self) -> list:
+        return self.encoded
+
+
+class Template:
+    """What one call made that the calls repeating its layout reuse."""
+
+    __slots__ = ("prep", "where", "call", "shapes", "dtypes", "header", "prefix", "largest", "op_key",
+                 "planned", "uses")
+
+    def __init__(self, prep: Prepared, where: list, call: plan.Call, shapes: list, dtypes: list, header: dict,
+                 prefix: bytes):
+        self.prep = Prepared(prep.spec, [], prep.params, prep.results, prep.layouts, prep.flops, None, prep.scalar_0d,
+                             prep.scalar_out, prep.returns, None)  # not the first call's arrays: kept alive else
+        self.where = where        # per input: its index among the positional arguments, or its keyword
+        self.call = call
+        self.shapes, self.dtypes = shapes, dtypes
+        self.header = header      # the header, its id last
+        self.prefix = prefix      # its bytes up to the id's value, which ends them
+        self.largest = max([a.nbytes for a in prep.arrays] + [math.prod(s) * d.itemsize for d, s in prep.results])
+        self.op_key = (prep.spec.kernel_id, tuple(dtypes))  # what a crash pins (Checks.pinned_reason)
+        self.planned: Any = None  # call.Planned, under policy remote: reused for REPRICE_EVERY calls
+        self.uses = 0
+
+    def prepared(self, args: tuple, kwargs: dict) -> Prepared:
+        """This call's :class:`Prepared`: the template's, with this call's arrays."""
+        p = self.prep
+        arrays = [args[w] if w.__class__ is int else kwargs[w] for w in self.where]
+        return Prepared(p.spec, arrays, p.params, p.results, p.layouts, p.flops, None, p.scalar_0d, p.scalar_out,
+                        p.returns, None)
+
+    def request(self, rid: int, prep: Prepared, drops: list) -> Encoded:
+        """The call's frames: the header with ``rid`` (and the segments to drop), its inputs' bytes."""
+        bufs = [a if a.flags.c_contiguous else wire.to_wire(a)[1] for a in prep.arrays]
+        if drops:
+            header = msgpack.packb({**self.header, "shm_drop": drops, "id": rid}, use_bin_type=True)
+        else:
+            header = self.prefix + msgpack.packb(rid)
+        return Encoded(rid, [header, *bufs])
+
+
+def make(prep: Prepared, args: tuple, kwargs: dict, call: plan.Call, shapes: list, dtypes: list) -> Template | None:
+    """A template of a call that went by value, where every input is one of its arguments as given."""
+    if prep.out is not None or prep.finish is not None or not repeatable(prep.spec):
+        return None
+    where: list = []
+    for a in prep.arrays:
+        at = [i for i, x in enumerate(args) if x is a] + [k for k, x in kwargs.items() if x is a]
+        if len(at) != 1 or not (a.flags.c_contiguous or a.flags.f_contiguous) or not a.dtype.isnative:
+            return None  # an input made by the rule, passed twice, or copied on its way to the wire
+        where.append(at[0])
+    header = {"v": wire.VERSION, "t": "call", "op": prep.spec.kernel_id, "params": prep.params,
+              "layouts": prep.layouts,
+              "results": messages.call_header(0, "", {}, prep.layouts, prep.results)["results"],
+              "arrays": [wire.to_wire(a)[0] for a in prep.arrays], "id": 0}
+    packed = msgpack.packb(header, use_bin_type=True)
+    if not packed.endswith(_ID_ZERO):
+        return None
+    return Template(prep, where, call, shapes, dtypes, header, packed[:-1])

@@ -55,7 +55,7 @@ import zmq
 
 from ..protocol import messages, wire
 from ..protocol.fingerprint import RESIDENT_MIN, fingerprint
-from ..transport import check_url, context, frame_bytes, is_loopback
+from ..transport import check_url, context, is_loopback
 from ..transport import shm_common
 from ..transport.shm_worker import ShmMapper
 from ..transport.principal import ANON, Principal
@@ -542,9 +542,8 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
             reply = inbox.running(lambda: worker.handle(frames[1:], principal))
             try:
                 sent = inbox.send(frames[0].bytes, reply)
-                if worker.last_was_call:
-                    worker.count(principal, sum(frame_bytes(f) for f in frames[1:]),
-                                 sent or 0)
+                if worker.last_was_call:  # D77: the loop's frames are zmq.Frames, whose len is their bytes
+                    worker.count(principal, sum(map(len, frames[1:])), sent or 0)
             except zmq.ZMQError as exc:  # the client vanished between request and reply
                 print(f"fusion_shim worker: reply not sent: {exc}", file=sys.stderr)
             worker.idle()

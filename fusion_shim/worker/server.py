@@ -66,6 +66,7 @@ from .shapes import over_declared
 from .store import ResidentStore, default_budget
 
 MAX_MESSAGE_BYTES = 1 << 36  # the most ``max_bytes`` defaults to (D65: also half the host's, the GPU's memory)
+# D78: not raised, though libzmq then wakes its I/O thread about once more per request
 QUEUED_PER_CONNECTION = 4     # D65: requests a connection may have waiting; then ZeroMQ stops reading it
 ALIGN = 16  # bytes: inputs a CPU kernel reads in place start at a multiple of this
 # FFT sizes name an output length: each must fit the declared results (rfft gives n // 2 + 1)

@@ -23,8 +23,14 @@ ANON = Principal("anon", None)
 def principal_of(frame: Any, curve: bool) -> Principal:
     """The principal of the connection ``frame`` (a ``zmq.Frame`` of the request) came over;
     ``curve``: the socket is a CURVE server, whose ZAP handler named each client's key."""
-    uid = _uid_of(_property(frame, b"Peer-Address"))
+    peer = _property(frame, b"Peer-Address")
     key = _property(frame, b"User-Id") if curve else None  # asked only where set: a miss raises (5 us)
+    return _named(key or None, peer)
+
+
+@functools.lru_cache(maxsize=256)  # D77: made once per key and address, not per request
+def _named(key: Any, peer: Any) -> Principal:
+    uid = _uid_of(peer)
     if key:
         return Principal(f"key:{key}", uid)
     return Principal(f"uid:{uid}", uid) if uid is not None else ANON

@@ -162,12 +162,6 @@ def strides_of(dtype: np.dtype, shape: tuple, order: str) -> tuple:
     return tuple(strides)
 
 
-def view_of(base: np.ndarray, offset: int, dtype: np.dtype, shape: tuple, order: str) -> np.ndarray:
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    flat = base[offset:offset + nbytes].view(dtype)
-    return flat.reshape(shape, order=order)
-
-
 def check_loc(loc: Any) -> tuple[str, int, tuple]:
     from ..protocol.wire import WireError  # the wire's own error: a bad locator is a malformed message
 

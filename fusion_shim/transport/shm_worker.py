@@ -6,6 +6,7 @@ segment (D67): an input is read into a buffer of the worker's own and a result i
 slot through the fd, so a client that truncates its segment fails its own call, never the worker."""
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import time
@@ -17,7 +18,7 @@ import numpy as np
 
 from .principal import Principal
 from .shm_common import (POPULATE, ShmError, boot_id, check_loc, open_segment, owner_dead, parse, read_into,
-                         sweep_stale, view_of, write_from)
+                         sweep_stale, write_from)
 
 GRANULE = 64 * 1024   # input buffers are rounded up to this, the client's segment granule
 IDLE_BYTES = 2 << 30  # free input buffers kept for reuse, as much as a client keeps of idle segments
@@ -152,7 +153,7 @@ class ShmMapper:
         m = self._get(name, "i", principal)
         if m is None:
             raise WireError(f"cannot open segment {name}: this client holds {self.per_principal} segments here")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize  # D77: np.prod of a tuple costs 6 us, math.prod 0.1
         if offset + nbytes > m.size:
             raise WireError(f"input of {nbytes} bytes at {offset} overruns segment {name} of {m.size}")
         base = self._buffers.take(nbytes)
@@ -163,7 +164,7 @@ class ShmMapper:
         if got < nbytes:
             raise WireError(f"segment {name} ends {got} bytes after {offset}, short of its input's {nbytes}: "
                             "it was truncated")
-        arr = view_of(base, 0, dtype, shape, order)
+        arr = base[:nbytes].view(dtype).reshape(shape, order=order)
         arr.flags.writeable = False
         return arr
 

@@ -40,6 +40,7 @@ class Plan(NamedTuple):
     inputs: tuple          # per buffer frame: (dtype, shape, order, nbytes)
     admitted: tuple        # declared results, result destinations, slots (the kernel is looked up per call)
     max_bytes: int         # the budget it was admitted under
+    reply: Any = None      # D76: its reply header's fixed bytes (planned.ReplyBytes)
 
 
 class Plans:
@@ -50,9 +51,9 @@ class Plans:
         self._plans: dict[tuple, Plan] = {}
         self._offsets: list[int] = []  # where the id's value starts in the headers planned
 
-    def find(self, who: str, frames: list, max_bytes: int) -> tuple[int, dict, list, Plan] | None:
-        """``(id, header, arrays, plan)`` for a request of ``who`` that one of its plans answers,
-        else None (decode it in full)."""
+    def find(self, who: str, frames: list, max_bytes: int) -> tuple[int, list, Plan] | None:
+        """``(id, arrays, plan)`` for a request of ``who`` that one of its plans answers, else None
+        (decode it in full). The plan's header is its first call's: the id is the request's own."""
         if not self._offsets or not frames:
             return None
         raw = _raw(frames[0])
@@ -66,10 +67,11 @@ class Plans:
             plan = self._plans.get((who, off, raw[:off], raw[end:]))
             if plan is not None and plan.max_bytes == max_bytes:
                 arrays = _arrays(frames, plan.inputs)
-                return None if arrays is None else (rid, {**plan.header, "id": rid}, arrays, plan)
+                return None if arrays is None else (rid, arrays, plan)
         return None
 
-    def learn(self, who: str, frame: Any, header: dict, arrays: list, admitted: tuple, max_bytes: int) -> None:
+    def learn(self, who: str, frame: Any, header: dict, arrays: list, admitted: tuple, max_bytes: int,
+              reply: Any = None) -> None:
         """Remember an admitted call of ``who`` (``header`` decoded from ``frame``) if it is plain."""
         raw = _raw(frame)
         if raw is None or not _plain(header):
@@ -90,7 +92,7 @@ class Plans:
         if len(self._plans) >= self.limit:
             del self._plans[next(iter(self._plans))]
         inputs = tuple((a.dtype, a.shape, m["order"], a.nbytes) for a, m in zip(arrays, header["arrays"]))
-        self._plans[(who, off, prefix, suffix)] = Plan(header, inputs, admitted, max_bytes)
+        self._plans[(who, off, prefix, suffix)] = Plan(header, inputs, admitted, max_bytes, reply)
 
 
 def _raw(frame: Any) -> bytes | None:

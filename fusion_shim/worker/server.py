@@ -55,16 +55,18 @@ import zmq
 
 from ..protocol import messages, wire
 from ..protocol.fingerprint import RESIDENT_MIN, fingerprint
-from ..transport import check_url, context, frame_bytes, is_loopback
+from ..transport import check_url, context, is_loopback
 from ..transport import shm_common
 from ..transport.shm_worker import ShmMapper
 from ..transport.principal import ANON, Principal
+from . import planned
 from .inbox import Inbox
 from .plans import Plans
 from .shapes import over_declared
 from .store import ResidentStore, default_budget
 
 MAX_MESSAGE_BYTES = 1 << 36  # the most ``max_bytes`` defaults to (D65: also half the host's, the GPU's memory)
+# D78: not raised, though libzmq then wakes its I/O thread about once more per request
 QUEUED_PER_CONNECTION = 4     # D65: requests a connection may have waiting; then ZeroMQ stops reading it
 ALIGN = 16  # bytes: inputs a CPU kernel reads in place start at a multiple of this
 # FFT sizes name an output length: each must fit the declared results (rfft gives n // 2 + 1)
@@ -173,20 +175,30 @@ class Worker:
     def handle(self, frames: list, principal: Principal = ANON) -> list:
         """One request of ``principal`` in, one reply out; never raises."""
         self.principal = principal
+        if self.resident and (answered := self._planned(frames)) is not None:
+            return answered  # D76: a planned call on a device-level backend, answered in one pass
         reply = self._handle(frames)
         mapped = self.shm.take_new() if self.shm is not None else None
         # the client may unlink the names mapped while handling it
         return reply.frames(shm_mapped=mapped) if mapped else reply.frames()
+
+    def _planned(self, frames: list) -> list | None:
+        """D76: a planned call's reply frames in one pass; None: answer it through the general path."""
+        hit = self.plans.find(self.principal.name, frames, self.max_bytes)
+        if hit is None or (kernel := self.kernels.get(hit[2].header["op"])) is None:
+            return None
+        self.last_was_call = True
+        return planned.answer(self.backend, kernel, hit[2], hit[0], hit[1])
 
     def _handle(self, frames: list) -> messages.Reply:
         rid = 0
         self.last_was_call = False
         try:
             hit = self.plans.find(self.principal.name, frames, self.max_bytes)
-            if hit is not None and (kernel := self.kernels.get(hit[1]["op"])) is not None:
-                rid, header, arrays, plan = hit
+            if hit is not None and (kernel := self.kernels.get(hit[2].header["op"])) is not None:
+                rid, arrays, plan = hit
                 self.last_was_call = True
-                return self._execute(rid, header, arrays, kernel, *plan.admitted)
+                return self._execute(rid, plan.header, arrays, kernel, *plan.admitted)
             early = None
             if self.shm is not None and frames:
                 early = wire.decode_header(frames[0])
@@ -224,7 +236,8 @@ class Worker:
             admitted = self._admit(header, arrays)
         except _Refusal as no:
             return messages.error(rid, no.kind, no.exc, str(no))
-        self.plans.learn(self.principal.name, frame, header, arrays, admitted[1:], self.max_bytes)
+        self.plans.learn(self.principal.name, frame, header, arrays, admitted[1:], self.max_bytes,
+                         planned.ReplyBytes(admitted[1], self.resident))
         return self._execute(rid, header, arrays, *admitted)
 
     def _admit(self, header: dict, arrays: list) -> tuple[Any, list, list, list]:
@@ -256,7 +269,8 @@ class Worker:
 
     def _execute(self, rid: int, header: dict, arrays: list, kernel: Any, declared: list, dests: list,
                  slots: list) -> messages.Reply:
-        """Run an admitted call; its ``result`` reply, or an ``error`` one."""
+        """Run an admitted call; its ``result`` reply, or an ``error`` one (``header``'s id may be
+        another call's: a plan's is its first call's)."""
         params, layouts = header["params"], header["layouts"]
         extra: dict[str, Any] = {}
         try:
@@ -529,9 +543,8 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
             reply = inbox.running(lambda: worker.handle(frames[1:], principal))
             try:
                 sent = inbox.send(frames[0].bytes, reply)
-                if worker.last_was_call:
-                    worker.count(principal, sum(frame_bytes(f) for f in frames[1:]),
-                                 sent or 0)
+                if worker.last_was_call:  # D77: the loop's frames are zmq.Frames, whose len is their bytes
+                    worker.count(principal, sum(map(len, frames[1:])), sent or 0)
             except zmq.ZMQError as exc:  # the client vanished between request and reply
                 print(f"fusion_shim worker: reply not sent: {exc}", file=sys.stderr)
             worker.idle()

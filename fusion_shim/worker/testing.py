@@ -28,12 +28,15 @@ class FaultyWorker(Worker):
         super().warm(shared)
         self.info.update(test_delay=self.delay, test_corrupt=self.corrupt)
 
-    def _execute(self, rid: int, header: dict, arrays: list, *admitted: Any) -> Any:
+    def _planned(self, frames: list) -> None:
+        return None  # every call goes through _execute, where the faults are
+
+    def _execute(self, rid: int, header: dict, arrays: list, *admitted: Any, **kwargs: Any) -> Any:
         if self.delay:
             time.sleep(self.delay)
         if self.corrupt:
             header = {**header, "keep": False}  # a wrong answer is never kept for later calls
-        return super()._execute(rid, header, arrays, *admitted)
+        return super()._execute(rid, header, arrays, *admitted, **kwargs)
 
     def _reply(self, rid: int, results: list, timing: dict, extra: dict, dests: list, slots: list) -> Any:
         if self.corrupt:

@@ -151,7 +151,7 @@ def test_a_plans_inputs_are_the_views_the_decoder_makes(worker, order):
     a, b = np.asarray(np.arange(6.0).reshape(2, 3), order=order), np.ones((3, 4))
     _answer(worker, _request(1, a, b))
     frames = [zmq.Frame(bytes(memoryview(f))) for f in _request(2, a, b)]
-    _, _, planned, _ = worker.plans.find(ALICE.name, frames, worker.max_bytes)
+    _, planned, _ = worker.plans.find(ALICE.name, frames, worker.max_bytes)
     _, decoded = wire.decode(frames)
     for p, d in zip(planned, decoded):
         assert (p.dtype, p.shape, p.strides, p.ctypes.data) == (d.dtype, d.shape, d.strides, d.ctypes.data)

@@ -43,7 +43,7 @@
 #define THREAD_LOCAL _Thread_local
 #endif
 
-#define INTERFACE 2  /* bump when the Python side's use of this module changes (loader checks it) */
+#define INTERFACE 3  /* bump when the Python side's use of this module changes (loader checks it) */
 enum { K_MATMUL = 0, K_IMATMUL = 1, K_DOT = 2 };
 #define DOT_FLAGS (METH_FASTCALL | METH_KEYWORDS)
 typedef PyObject *(*dotfunc)(PyObject *, PyObject *const *, Py_ssize_t, PyObject *);
@@ -494,6 +494,57 @@ static PyTypeObject FastCall_Type = {
     .tp_doc = "FastCall(wrapped, slow): the floor check of a wrapped module function, in C.",
 };
 
+/* ---- the proxy classes' call: their FastCall, without the generic __call__ lookup -------------
+ * A Python class whose __call__ is a slot is called through slot_tp_call: a type lookup, the slot's
+ * descriptor, then PyObject_Call of the FastCall. proxy_call reads the slot at its offset and runs
+ * the FastCall on the arguments' tuple directly; anything else in the slot is called as before. */
+
+static Py_ssize_t proxy_call_offset = -1;  /* the __call__ slot's offset in every proxy class */
+
+static PyObject *proxy_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    PyObject *fast = *(PyObject **)((char *)self + proxy_call_offset);
+    if (fast == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "__call__");
+        return NULL;
+    }
+    if (Py_TYPE(fast) != &FastCall_Type || (kwargs != NULL && PyDict_GET_SIZE(kwargs))) {
+        Py_INCREF(fast);  /* the slot may be reassigned during the call */
+        PyObject *res = PyObject_Call(fast, args, kwargs);
+        Py_DECREF(fast);
+        return res;
+    }
+    Py_INCREF(fast);
+    PyObject *res = fastcall_vectorcall(fast, &PyTuple_GET_ITEM(args, 0), PyTuple_GET_SIZE(args), NULL);
+    Py_DECREF(fast);
+    return res;
+}
+
+/* fast_type(cls): cls's instances are called through proxy_call; cls must have a __call__ slot at
+ * the same offset as every class given before. */
+static PyObject *m_fast_type(PyObject *mod, PyObject *arg)
+{
+    if (!PyType_Check(arg) || !(((PyTypeObject *)arg)->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
+        PyErr_SetString(PyExc_TypeError, "fast_type: a heap type is needed");
+        return NULL;
+    }
+    PyTypeObject *type = (PyTypeObject *)arg;
+    PyObject *d = PyDict_GetItemString(type->tp_dict, "__call__");  /* borrowed */
+    if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)
+            || ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX) {
+        PyErr_SetString(PyExc_TypeError, "fast_type: the class's __call__ must be a slot");
+        return NULL;
+    }
+    Py_ssize_t offset = ((PyMemberDescrObject *)d)->d_member->offset;
+    if (proxy_call_offset >= 0 && offset != proxy_call_offset) {
+        PyErr_SetString(PyExc_TypeError, "fast_type: the __call__ slot is not where the other classes have it");
+        return NULL;
+    }
+    proxy_call_offset = offset;
+    type->tp_call = proxy_call;
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"install", m_install, METH_NOARGS, "Patch ndarray's @, @= and .dot; RuntimeError(why) if not NumPy's own."},
     {"uninstall", m_uninstall, METH_NOARGS, "Restore NumPy's entries; False if nothing was patched."},
@@ -509,6 +560,7 @@ static PyMethodDef methods[] = {
     {"leave", m_leave, METH_NOARGS, "Undo one enter()."},
     {"counts", m_counts, METH_NOARGS, "Calls kept local by the floor: (@, @=, .dot)."},
     {"reset_counts", m_reset_counts, METH_NOARGS, "Zero the floor counters (after fork)."},
+    {"fast_type", m_fast_type, METH_O, "Instances of this proxy class call the FastCall in their __call__ slot directly."},
     {NULL, NULL, 0, NULL}
 };
 

@@ -36,7 +36,7 @@ from . import wrappers
 if TYPE_CHECKING:
     from ..client.runtime import Runtime
 
-INTERFACE = 2  # must equal the extension's INTERFACE (native/_native.c)
+INTERFACE = 3  # must equal the extension's INTERFACE (native/_native.c)
 _native: Any = None
 LOAD_ERROR: str | None = None
 _loaded = False
@@ -185,7 +185,9 @@ def _proxy_class(binds: bool) -> type:
         namespace: dict[str, Any] = {"__slots__": ("__call__",), "__module__": __name__, "__reduce_ex__": _reduce_ex}
         if binds:
             namespace["__get__"] = _bind  # e.g. np.dot as a class attribute binds, as the original does
-        cls = _CLASSES[binds] = type("FunctionProxy", (wrappers.load()[0],), namespace)
+        cls = type("FunctionProxy", (wrappers.load()[0],), namespace)
+        _native.fast_type(cls)  # D117: called without slot_tp_call's lookup of __call__
+        _CLASSES[binds] = cls
     return cls
 
 

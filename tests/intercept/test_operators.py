@@ -543,3 +543,30 @@ def test_fast_proxy_keeps_the_function_interface():
         assert probe() == plain
     finally:
         fusion_shim.uninstall()
+
+
+def test_fast_proxy_call_path_takes_keywords_errors_and_a_replaced_slot():
+    """The proxy classes are called through the C FastCall in their ``__call__`` slot (D117): its
+    keywords, NumPy's errors and whatever else is put in the slot behave as a Python call would."""
+    from fusion_shim.intercept import native
+
+    rt = fusion_shim.install(policy="local", quiet=True)
+    try:
+        a, out = np.ones((3, 3)), np.empty((3, 3))
+        assert np.matmul(a, a, out=out) is out and (out == 3.0).all()
+        same(np.linalg.inv(2 * np.eye(3)), np.eye(3) / 2)
+        with pytest.raises(ValueError):
+            np.matmul(np.ones((2, 3)), np.ones((2, 3)))
+        with pytest.raises(TypeError):
+            np.linalg.inv()
+        assert rt.ledger.snapshot_ops()["numpy.matmul"]["below_floor"] == 2
+        proxy = native.fast_proxy(np.add, None)[0]
+        proxy.__call__ = lambda *args, **kwargs: ("replaced", args, kwargs)
+        assert proxy(1, k=2) == ("replaced", (1,), {"k": 2})
+        del proxy.__call__
+        with pytest.raises(AttributeError):
+            proxy(1, 2)
+        with pytest.raises(TypeError):
+            native._native.fast_type(type("NoSlot", (PROXY,), {}))
+    finally:
+        fusion_shim.uninstall()

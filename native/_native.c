@@ -494,54 +494,135 @@ static PyTypeObject FastCall_Type = {
     .tp_doc = "FastCall(wrapped, slow): the floor check of a wrapped module function, in C.",
 };
 
-/* ---- the proxy classes' call: their FastCall, without the generic __call__ lookup -------------
- * A Python class whose __call__ is a slot is called through slot_tp_call: a type lookup, the slot's
- * descriptor, then PyObject_Call of the FastCall. proxy_call reads the slot at its offset and runs
- * the FastCall on the arguments' tuple directly; anything else in the slot is called as before. */
+/* ---- the proxy classes: wrapt's C ObjectProxy, called by vectorcall ------------------------------
+ * proxy_type(base) makes a subclass of wrapt's C ObjectProxy whose instances end in a vectorcall
+ * pointer and the FastCall that set_call gives them: a call goes straight to the FastCall, with no
+ * argument tuple and no lookup of __call__ (a Python class's __call__ costs both on every call). */
 
-static Py_ssize_t proxy_call_offset = -1;  /* the __call__ slot's offset in every proxy class */
+typedef struct {
+    vectorcallfunc vectorcall;
+    PyObject *fast;  /* the FastCall (or any callable) the proxy's calls go to */
+} ProxyTail;
 
-static PyObject *proxy_call(PyObject *self, PyObject *args, PyObject *kwargs)
+static PyTypeObject *proxy_base;   /* wrapt's C ObjectProxy */
+static Py_ssize_t tail_offset;      /* where ProxyTail starts in a proxy */
+static PyObject *proxy_types;      /* the types made, for set_call's check */
+
+#define TAIL(o) ((ProxyTail *)((char *)(o) + tail_offset))
+
+static PyObject *proxy_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    PyObject *fast = *(PyObject **)((char *)self + proxy_call_offset);
-    if (fast == NULL) {
-        PyErr_SetString(PyExc_AttributeError, "__call__");
-        return NULL;
-    }
-    if (Py_TYPE(fast) != &FastCall_Type || (kwargs != NULL && PyDict_GET_SIZE(kwargs))) {
-        Py_INCREF(fast);  /* the slot may be reassigned during the call */
-        PyObject *res = PyObject_Call(fast, args, kwargs);
-        Py_DECREF(fast);
-        return res;
-    }
-    Py_INCREF(fast);
-    PyObject *res = fastcall_vectorcall(fast, &PyTuple_GET_ITEM(args, 0), PyTuple_GET_SIZE(args), NULL);
+    PyObject *fast = TAIL(self)->fast;
+    Py_INCREF(fast);  /* set_call may replace it during the call */
+    PyObject *res = Py_TYPE(fast) == &FastCall_Type ? fastcall_vectorcall(fast, args, nargsf, kwnames)
+                                                    : PyObject_Vectorcall(fast, args, nargsf, kwnames);
     Py_DECREF(fast);
     return res;
 }
 
-/* fast_type(cls): cls's instances are called through proxy_call; cls must have a __call__ slot at
- * the same offset as every class given before. */
-static PyObject *m_fast_type(PyObject *mod, PyObject *arg)
+static PyObject *proxy_call(PyObject *self, PyObject *args, PyObject *kwargs)
 {
-    if (!PyType_Check(arg) || !(((PyTypeObject *)arg)->tp_flags & Py_TPFLAGS_HEAPTYPE)) {
-        PyErr_SetString(PyExc_TypeError, "fast_type: a heap type is needed");
+    PyObject *fast = TAIL(self)->fast;
+    if (fast == NULL) {
+        PyErr_Format(PyExc_TypeError, "'%.200s' object is not callable", Py_TYPE(self)->tp_name);
         return NULL;
     }
-    PyTypeObject *type = (PyTypeObject *)arg;
-    PyObject *d = PyDict_GetItemString(type->tp_dict, "__call__");  /* borrowed */
-    if (d == NULL || !Py_IS_TYPE(d, &PyMemberDescr_Type)
-            || ((PyMemberDescrObject *)d)->d_member->type != T_OBJECT_EX) {
-        PyErr_SetString(PyExc_TypeError, "fast_type: the class's __call__ must be a slot");
+    Py_INCREF(fast);
+    PyObject *res = PyObject_Call(fast, args, kwargs);
+    Py_DECREF(fast);
+    return res;
+}
+
+static int proxy_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(TAIL(self)->fast);
+    Py_VISIT(Py_TYPE(self));  /* a heap type's instances hold it */
+    return proxy_base->tp_traverse(self, visit, arg);
+}
+
+static int proxy_clear(PyObject *self)
+{
+    Py_CLEAR(TAIL(self)->fast);
+    return proxy_base->tp_clear(self);
+}
+
+static void proxy_dealloc(PyObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    Py_CLEAR(TAIL(self)->fast);
+    proxy_base->tp_dealloc(self);  /* wrapt's: its weak references, its fields, tp_free, a heap type's reference */
+}
+
+/* proxy_type(base): a new proxy class, subclass of wrapt's C ObjectProxy ``base`` (the same base every time). */
+static PyObject *m_proxy_type(PyObject *mod, PyObject *arg)
+{
+    if (!PyType_Check(arg) || ((PyTypeObject *)arg)->tp_itemsize != 0
+            || ((PyTypeObject *)arg)->tp_traverse == NULL || ((PyTypeObject *)arg)->tp_clear == NULL) {
+        PyErr_SetString(PyExc_TypeError, "proxy_type: wrapt's C ObjectProxy is needed");
         return NULL;
     }
-    Py_ssize_t offset = ((PyMemberDescrObject *)d)->d_member->offset;
-    if (proxy_call_offset >= 0 && offset != proxy_call_offset) {
-        PyErr_SetString(PyExc_TypeError, "fast_type: the __call__ slot is not where the other classes have it");
+    PyTypeObject *base = (PyTypeObject *)arg;
+    if (proxy_base != NULL && base != proxy_base) {
+        PyErr_SetString(PyExc_TypeError, "proxy_type: a different base than before");
         return NULL;
     }
-    proxy_call_offset = offset;
-    type->tp_call = proxy_call;
+    Py_ssize_t align = (Py_ssize_t)sizeof(void *);
+    Py_ssize_t offset = (base->tp_basicsize + align - 1) / align * align;
+    PyMemberDef members[] = {
+        {"__vectorcalloffset__", T_PYSSIZET, offset + (Py_ssize_t)offsetof(ProxyTail, vectorcall), READONLY, NULL},
+        {NULL}
+    };
+    PyType_Slot slots[] = {
+        {Py_tp_call, proxy_call},
+        {Py_tp_traverse, proxy_traverse},
+        {Py_tp_clear, proxy_clear},
+        {Py_tp_dealloc, proxy_dealloc},
+        {Py_tp_members, members},
+        {0, NULL}
+    };
+    PyType_Spec spec = {
+        .name = "fusion_shim.intercept.native.FunctionProxy",
+        .basicsize = (int)(offset + (Py_ssize_t)sizeof(ProxyTail)),
+        .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+        .slots = slots,
+    };
+    if (proxy_types == NULL && (proxy_types = PyList_New(0)) == NULL) {
+        return NULL;
+    }
+    PyObject *type = PyType_FromSpecWithBases(&spec, arg);
+    if (type == NULL) {
+        return NULL;
+    }
+    if (PyList_Append(proxy_types, type) < 0) {
+        Py_DECREF(type);
+        return NULL;
+    }
+    Py_INCREF(base);  /* held for the types' dealloc, traverse and clear */
+    proxy_base = base;
+    tail_offset = offset;
+    return type;
+}
+
+/* set_call(proxy, fast): the proxy's calls go to ``fast`` from now on. */
+static PyObject *m_set_call(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "set_call(proxy, callable)");
+        return NULL;
+    }
+    int ours = 0;
+    for (Py_ssize_t i = 0; proxy_types != NULL && i < PyList_GET_SIZE(proxy_types); i++) {
+        ours |= PyObject_TypeCheck(args[0], (PyTypeObject *)PyList_GET_ITEM(proxy_types, i));
+    }
+    if (!ours) {
+        PyErr_SetString(PyExc_TypeError, "set_call: not an instance of a proxy_type() class");
+        return NULL;
+    }
+    ProxyTail *tail = TAIL(args[0]);
+    PyObject *old = tail->fast;
+    tail->fast = Py_NewRef(args[1]);
+    tail->vectorcall = proxy_vectorcall;
+    Py_XDECREF(old);
     Py_RETURN_NONE;
 }
 
@@ -560,7 +641,8 @@ static PyMethodDef methods[] = {
     {"leave", m_leave, METH_NOARGS, "Undo one enter()."},
     {"counts", m_counts, METH_NOARGS, "Calls kept local by the floor: (@, @=, .dot)."},
     {"reset_counts", m_reset_counts, METH_NOARGS, "Zero the floor counters (after fork)."},
-    {"fast_type", m_fast_type, METH_O, "Instances of this proxy class call the FastCall in their __call__ slot directly."},
+    {"proxy_type", m_proxy_type, METH_O, "A proxy class over wrapt's C ObjectProxy, called by vectorcall."},
+    {"set_call", (PyCFunction)(void (*)(void))m_set_call, METH_FASTCALL, "set_call(proxy, fast): where its calls go."},
     {NULL, NULL, 0, NULL}
 };
 

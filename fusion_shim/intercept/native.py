@@ -169,7 +169,7 @@ def fast_proxy(original: Any, slow: Callable) -> tuple[Any, Any]:
     Returns (proxy, the C object, whose ``below`` counts calls kept local by the floor)."""
     fast = _native.FastCall(original, slow)
     proxy = _proxy_class(hasattr(type(original), "__get__"))(original)
-    proxy.__call__ = fast  # its own slot: the class's attribute, so wrapt sets it here, not on original
+    _native.set_call(proxy, fast)  # the proxy's vectorcall goes to it
     return proxy, fast
 
 
@@ -178,15 +178,14 @@ _CLASSES: dict[bool, type] = {}
 
 def _proxy_class(binds: bool) -> type:
     """Two classes for every row, with and without ``__get__``, where a class per row cost its
-    creation at NumPy's import (D116). ``__call__`` is a slot, so each proxy holds its own FastCall
-    (not a descriptor: called without the proxy)."""
+    creation at NumPy's import (D116). Each is a C subclass of wrapt's ``ObjectProxy`` whose
+    instances are called by vectorcall, straight into their FastCall (``set_call``)."""
     cls = _CLASSES.get(binds)
     if cls is None:
-        namespace: dict[str, Any] = {"__slots__": ("__call__",), "__module__": __name__, "__reduce_ex__": _reduce_ex}
+        cls = _native.proxy_type(wrappers.load()[0])  # D117: a Python __call__ costs a tuple and a lookup a call
+        cls.__reduce_ex__ = _reduce_ex
         if binds:
-            namespace["__get__"] = _bind  # e.g. np.dot as a class attribute binds, as the original does
-        cls = type("FunctionProxy", (wrappers.load()[0],), namespace)
-        _native.fast_type(cls)  # D117: called without slot_tp_call's lookup of __call__
+            cls.__get__ = _bind  # e.g. np.dot as a class attribute binds, as the original does
         _CLASSES[binds] = cls
     return cls
 

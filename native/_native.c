@@ -494,7 +494,7 @@ static PyTypeObject FastCall_Type = {
     .tp_doc = "FastCall(wrapped, slow): the floor check of a wrapped module function, in C.",
 };
 
-/* ---- the proxy classes: wrapt's C ObjectProxy, called by vectorcall ------------------------------
+/* ---- the proxy classes: wrapt's C ObjectProxy, called by vectorcall (D117) ------------------------
  * proxy_type(base) makes a subclass of wrapt's C ObjectProxy whose instances end in a vectorcall
  * pointer and the FastCall that set_call gives them: a call goes straight to the FastCall, with no
  * argument tuple and no lookup of __call__ (a Python class's __call__ costs both on every call). */

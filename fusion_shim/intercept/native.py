@@ -8,10 +8,10 @@ Two uses, both optional and both off with ``FUSION_SHIM_NATIVE=0``:
   which goes through ``Runtime.dispatch`` like a catalog call (rows ``catalog.OPERATORS``) and
   computes locally through NumPy's original C entry (``_native.original``), so NumPy's semantics
   and errors are unchanged. Not installed under policy ``local``.
-- **the fast path of wrapped module functions**: :func:`fast_proxy` is a subclass of wrapt's C
+- **the fast path of wrapped module functions**: :func:`fast_proxy` is a C subclass of wrapt's C
   ``ObjectProxy`` (``wrapt.BaseObjectProxy``: attributes, ``isinstance(np.matmul, np.ufunc)``,
-  ``__wrapped__`` all forward) whose ``__call__`` is its own C object, which does the floor check
-  and calls NumPy's function, or the shim's Python path.
+  ``__wrapped__`` all forward) called by vectorcall into its own C object, which does the floor
+  check and calls NumPy's function, or the shim's Python path.
 
 The floor is one number in C, published by :func:`publish_floor`: ``-1`` passes everything through
 (policy local, or no shim installed), ``0`` sends every exact-ndarray call to the Python path

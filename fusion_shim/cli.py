@@ -123,17 +123,20 @@ def main(argv: list[str] | None = None) -> int:
         from .pool.command import main as pool_main
 
         return pool_main(argv[1:])
-    from .config import Config, ConfigError, find_project, program_dir
+    from .intercept import gc_paused  # loads config, which the run needs next
 
-    try:
-        settings, script, module, args = parse_run(argv)
-        config, sources = Config.load_with_sources(project=find_project(program_dir(script)), **settings)
-    except HelpRequested:
-        print(USAGE)
-        return 0
-    except (UsageError, ConfigError) as exc:
-        print(f"fusion_shim: {exc}\n\n{USAGE}", file=sys.stderr)
-        return 2
+    with gc_paused():  # D119: the launcher's objects all live on; a collection would find nothing to free
+        from .config import Config, ConfigError, find_project, program_dir
+
+        try:
+            settings, script, module, args = parse_run(argv)
+            config, sources = Config.load_with_sources(project=find_project(program_dir(script)), **settings)
+        except HelpRequested:
+            print(USAGE)
+            return 0
+        except (UsageError, ConfigError) as exc:
+            print(f"fusion_shim: {exc}\n\n{USAGE}", file=sys.stderr)
+            return 2
     return run_program(config, script, module, args, started, explicit=tuple(sources))
 
 
@@ -191,24 +194,13 @@ def run_program(config: Any, script: str | None, module: str | None, args: list[
     began (its time up to the program's first line is the report's ``launcher`` start-up);
     ``explicit``: the settings given, which children inherit even where they equal the default."""
     started = time.perf_counter() if started is None else started
-    from .intercept import install, note_startup
+    from .intercept import gc_paused
 
-    # children inherit the shim with these same settings, less the report file (one per process
-    # would overwrite it); they reuse this process's worker once it has one (see fusion_shim._start)
-    child_env = {k: v for k, v in config.to_env(explicit).items() if k != "FUSION_SHIM_REPORT"}
-    os.environ.update(child_env, FUSION_SHIM="1")
-    install(config, export_env=True)
-    if module is not None:
-        code, main_mod, argv0 = _load_module(module, config.stages)
-        if code is None:
-            return 1
-    else:
-        code, main_mod, argv0 = _load_script(script, config.stages)
-        if code is None:
-            return 2
-    sys.argv = [argv0, *args]
-    sys.modules["__main__"] = main_mod
-    note_startup("launcher", time.perf_counter() - started)
+    with gc_paused():
+        loaded = _install_and_load(config, script, module, args, started, explicit)
+    if loaded is None:
+        return 1 if module is not None else 2
+    code, main_mod = loaded
     try:
         exec(code, main_mod.__dict__)
     except SystemExit:
@@ -233,6 +225,29 @@ def run_program(config: Any, script: str | None, module: str | None, args: list[
         sys.excepthook(type(exc), exc, exc.__traceback__)
         return 1
     return 0
+
+
+def _install_and_load(config: Any, script: str | None, module: str | None, args: list[str], started: float,
+                      explicit: tuple[str, ...]) -> tuple[Any, types.ModuleType] | None:
+    """The shim installed, the program's code compiled and ``sys.argv`` and ``__main__`` made its; None
+    where the program cannot be found (said on stderr)."""
+    from .intercept import install, note_startup
+
+    # children inherit the shim with these same settings, less the report file (one per process
+    # would overwrite it); they reuse this process's worker once it has one (see fusion_shim._start)
+    child_env = {k: v for k, v in config.to_env(explicit).items() if k != "FUSION_SHIM_REPORT"}
+    os.environ.update(child_env, FUSION_SHIM="1")
+    install(config, export_env=True)
+    if module is not None:
+        code, main_mod, argv0 = _load_module(module, config.stages)
+    else:
+        code, main_mod, argv0 = _load_script(script, config.stages)
+    if code is None:
+        return None
+    sys.argv = [argv0, *args]
+    sys.modules["__main__"] = main_mod
+    note_startup("launcher", time.perf_counter() - started)
+    return code, main_mod
 
 
 def _load_script(path: str, stages: tuple[str, ...] = ()) -> tuple[Any, types.ModuleType | None, str]:

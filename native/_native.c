@@ -43,7 +43,7 @@
 #define THREAD_LOCAL _Thread_local
 #endif
 
-#define INTERFACE 2  /* bump when the Python side's use of this module changes (loader checks it) */
+#define INTERFACE 3  /* bump when the Python side's use of this module changes (loader checks it) */
 enum { K_MATMUL = 0, K_IMATMUL = 1, K_DOT = 2 };
 #define DOT_FLAGS (METH_FASTCALL | METH_KEYWORDS)
 typedef PyObject *(*dotfunc)(PyObject *, PyObject *const *, Py_ssize_t, PyObject *);
@@ -494,6 +494,138 @@ static PyTypeObject FastCall_Type = {
     .tp_doc = "FastCall(wrapped, slow): the floor check of a wrapped module function, in C.",
 };
 
+/* ---- the proxy classes: wrapt's C ObjectProxy, called by vectorcall (D117) ------------------------
+ * proxy_type(base) makes a subclass of wrapt's C ObjectProxy whose instances end in a vectorcall
+ * pointer and the FastCall that set_call gives them: a call goes straight to the FastCall, with no
+ * argument tuple and no lookup of __call__ (a Python class's __call__ costs both on every call). */
+
+typedef struct {
+    vectorcallfunc vectorcall;
+    PyObject *fast;  /* the FastCall (or any callable) the proxy's calls go to */
+} ProxyTail;
+
+static PyTypeObject *proxy_base;   /* wrapt's C ObjectProxy */
+static Py_ssize_t tail_offset;      /* where ProxyTail starts in a proxy */
+static PyObject *proxy_types;      /* the types made, for set_call's check */
+
+#define TAIL(o) ((ProxyTail *)((char *)(o) + tail_offset))
+
+static PyObject *proxy_vectorcall(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    PyObject *fast = TAIL(self)->fast;
+    Py_INCREF(fast);  /* set_call may replace it during the call */
+    PyObject *res = Py_TYPE(fast) == &FastCall_Type ? fastcall_vectorcall(fast, args, nargsf, kwnames)
+                                                    : PyObject_Vectorcall(fast, args, nargsf, kwnames);
+    Py_DECREF(fast);
+    return res;
+}
+
+static PyObject *proxy_call(PyObject *self, PyObject *args, PyObject *kwargs)
+{
+    PyObject *fast = TAIL(self)->fast;
+    if (fast == NULL) {
+        PyErr_Format(PyExc_TypeError, "'%.200s' object is not callable", Py_TYPE(self)->tp_name);
+        return NULL;
+    }
+    Py_INCREF(fast);
+    PyObject *res = PyObject_Call(fast, args, kwargs);
+    Py_DECREF(fast);
+    return res;
+}
+
+static int proxy_traverse(PyObject *self, visitproc visit, void *arg)
+{
+    Py_VISIT(TAIL(self)->fast);
+    Py_VISIT(Py_TYPE(self));  /* a heap type's instances hold it */
+    return proxy_base->tp_traverse(self, visit, arg);
+}
+
+static int proxy_clear(PyObject *self)
+{
+    Py_CLEAR(TAIL(self)->fast);
+    return proxy_base->tp_clear(self);
+}
+
+static void proxy_dealloc(PyObject *self)
+{
+    PyObject_GC_UnTrack(self);
+    Py_CLEAR(TAIL(self)->fast);
+    proxy_base->tp_dealloc(self);  /* wrapt's: its weak references, its fields, tp_free, a heap type's reference */
+}
+
+/* proxy_type(base): a new proxy class, subclass of wrapt's C ObjectProxy ``base`` (the same base every time). */
+static PyObject *m_proxy_type(PyObject *mod, PyObject *arg)
+{
+    if (!PyType_Check(arg) || ((PyTypeObject *)arg)->tp_itemsize != 0
+            || ((PyTypeObject *)arg)->tp_traverse == NULL || ((PyTypeObject *)arg)->tp_clear == NULL) {
+        PyErr_SetString(PyExc_TypeError, "proxy_type: wrapt's C ObjectProxy is needed");
+        return NULL;
+    }
+    PyTypeObject *base = (PyTypeObject *)arg;
+    if (proxy_base != NULL && base != proxy_base) {
+        PyErr_SetString(PyExc_TypeError, "proxy_type: a different base than before");
+        return NULL;
+    }
+    Py_ssize_t align = (Py_ssize_t)sizeof(void *);
+    Py_ssize_t offset = (base->tp_basicsize + align - 1) / align * align;
+    PyMemberDef members[] = {
+        {"__vectorcalloffset__", T_PYSSIZET, offset + (Py_ssize_t)offsetof(ProxyTail, vectorcall), READONLY, NULL},
+        {NULL}
+    };
+    PyType_Slot slots[] = {
+        {Py_tp_call, proxy_call},
+        {Py_tp_traverse, proxy_traverse},
+        {Py_tp_clear, proxy_clear},
+        {Py_tp_dealloc, proxy_dealloc},
+        {Py_tp_members, members},
+        {0, NULL}
+    };
+    PyType_Spec spec = {
+        .name = "fusion_shim.intercept.native.FunctionProxy",
+        .basicsize = (int)(offset + (Py_ssize_t)sizeof(ProxyTail)),
+        .flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+        .slots = slots,
+    };
+    if (proxy_types == NULL && (proxy_types = PyList_New(0)) == NULL) {
+        return NULL;
+    }
+    PyObject *type = PyType_FromSpecWithBases(&spec, arg);
+    if (type == NULL) {
+        return NULL;
+    }
+    if (PyList_Append(proxy_types, type) < 0) {
+        Py_DECREF(type);
+        return NULL;
+    }
+    Py_INCREF(base);  /* held for the types' dealloc, traverse and clear */
+    proxy_base = base;
+    tail_offset = offset;
+    return type;
+}
+
+/* set_call(proxy, fast): the proxy's calls go to ``fast`` from now on. */
+static PyObject *m_set_call(PyObject *mod, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "set_call(proxy, callable)");
+        return NULL;
+    }
+    int ours = 0;
+    for (Py_ssize_t i = 0; proxy_types != NULL && i < PyList_GET_SIZE(proxy_types); i++) {
+        ours |= PyObject_TypeCheck(args[0], (PyTypeObject *)PyList_GET_ITEM(proxy_types, i));
+    }
+    if (!ours) {
+        PyErr_SetString(PyExc_TypeError, "set_call: not an instance of a proxy_type() class");
+        return NULL;
+    }
+    ProxyTail *tail = TAIL(args[0]);
+    PyObject *old = tail->fast;
+    tail->fast = Py_NewRef(args[1]);
+    tail->vectorcall = proxy_vectorcall;
+    Py_XDECREF(old);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"install", m_install, METH_NOARGS, "Patch ndarray's @, @= and .dot; RuntimeError(why) if not NumPy's own."},
     {"uninstall", m_uninstall, METH_NOARGS, "Restore NumPy's entries; False if nothing was patched."},
@@ -509,6 +641,8 @@ static PyMethodDef methods[] = {
     {"leave", m_leave, METH_NOARGS, "Undo one enter()."},
     {"counts", m_counts, METH_NOARGS, "Calls kept local by the floor: (@, @=, .dot)."},
     {"reset_counts", m_reset_counts, METH_NOARGS, "Zero the floor counters (after fork)."},
+    {"proxy_type", m_proxy_type, METH_O, "A proxy class over wrapt's C ObjectProxy, called by vectorcall."},
+    {"set_call", (PyCFunction)(void (*)(void))m_set_call, METH_FASTCALL, "set_call(proxy, fast): where its calls go."},
     {NULL, NULL, 0, NULL}
 };
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import _thread  # D36: threading's locks are these, without loading threading
 import atexit
 import contextlib
+import gc
 import importlib.util
 import os
 import sys
@@ -161,6 +162,18 @@ def bypassed() -> Iterator[None]:
         GUARD.busy = was
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic collection in the block (D119), unless the program had turned it off already."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def on_exit(hook: Callable[["Runtime"], None]) -> None:
     """Run ``hook(runtime)`` at interpreter exit, before the worker is stopped (the report uses it)."""
     _exit_hooks.append(hook)
@@ -212,13 +225,21 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _on_numpy(_numpy: ModuleType) -> None:
+    with gc_paused():  # D119: what the install makes lives on; a collection would find nothing to free
+        started = _wrap_numpy()
+    if started is not None:
+        started.start()
+
+
+def _wrap_numpy() -> Runtime | None:
+    """The runtime made and NumPy's rows wrapped; the runtime to start, or None."""
     t = time.perf_counter()
     from ..client.runtime import Runtime
 
     with _lock:
         inst = _installed
         if inst is None or "numpy" in inst.patched_triggers:
-            return
+            return None
         if inst.runtime is None:
             inst.runtime = Runtime(inst.config, publish_floors=inst.publish_floors, export_env=inst.export_env)
             for phase in list(_hooks.SPENT):  # the bootstrap's and the launcher's: the first runtime's only
@@ -233,7 +254,7 @@ def _on_numpy(_numpy: ModuleType) -> None:
         ok, why = native.install_operators(rt)
         rt.note_operators(ok, why, "C" if _use_c(rt) else "wrapt")
         rt.note_startup("interception", time.perf_counter() - t)
-    rt.start()
+    return rt
 
 
 def _use_c(rt: "Runtime") -> bool:

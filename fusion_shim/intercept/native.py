@@ -8,10 +8,10 @@ Two uses, both optional and both off with ``FUSION_SHIM_NATIVE=0``:
   which goes through ``Runtime.dispatch`` like a catalog call (rows ``catalog.OPERATORS``) and
   computes locally through NumPy's original C entry (``_native.original``), so NumPy's semantics
   and errors are unchanged. Not installed under policy ``local``.
-- **the fast path of wrapped module functions**: :func:`fast_proxy` is a subclass of wrapt's C
+- **the fast path of wrapped module functions**: :func:`fast_proxy` is a C subclass of wrapt's C
   ``ObjectProxy`` (``wrapt.BaseObjectProxy``: attributes, ``isinstance(np.matmul, np.ufunc)``,
-  ``__wrapped__`` all forward) whose ``__call__`` is its own C object, which does the floor check
-  and calls NumPy's function, or the shim's Python path.
+  ``__wrapped__`` all forward) called by vectorcall into its own C object, which does the floor
+  check and calls NumPy's function, or the shim's Python path.
 
 The floor is one number in C, published by :func:`publish_floor`: ``-1`` passes everything through
 (policy local, or no shim installed), ``0`` sends every exact-ndarray call to the Python path
@@ -36,7 +36,7 @@ from . import wrappers
 if TYPE_CHECKING:
     from ..client.runtime import Runtime
 
-INTERFACE = 2  # must equal the extension's INTERFACE (native/_native.c)
+INTERFACE = 3  # must equal the extension's INTERFACE (native/_native.c)
 _native: Any = None
 LOAD_ERROR: str | None = None
 _loaded = False
@@ -169,7 +169,7 @@ def fast_proxy(original: Any, slow: Callable) -> tuple[Any, Any]:
     Returns (proxy, the C object, whose ``below`` counts calls kept local by the floor)."""
     fast = _native.FastCall(original, slow)
     proxy = _proxy_class(hasattr(type(original), "__get__"))(original)
-    proxy.__call__ = fast  # its own slot: the class's attribute, so wrapt sets it here, not on original
+    _native.set_call(proxy, fast)  # the proxy's vectorcall goes to it
     return proxy, fast
 
 
@@ -178,14 +178,15 @@ _CLASSES: dict[bool, type] = {}
 
 def _proxy_class(binds: bool) -> type:
     """Two classes for every row, with and without ``__get__``, where a class per row cost its
-    creation at NumPy's import (D116). ``__call__`` is a slot, so each proxy holds its own FastCall
-    (not a descriptor: called without the proxy)."""
+    creation at NumPy's import (D116). Each is a C subclass of wrapt's ``ObjectProxy`` whose
+    instances are called by vectorcall, straight into their FastCall (``set_call``)."""
     cls = _CLASSES.get(binds)
     if cls is None:
-        namespace: dict[str, Any] = {"__slots__": ("__call__",), "__module__": __name__, "__reduce_ex__": _reduce_ex}
+        cls = _native.proxy_type(wrappers.load()[0])  # D117: a Python __call__ costs a tuple and a lookup a call
+        cls.__reduce_ex__ = _reduce_ex
         if binds:
-            namespace["__get__"] = _bind  # e.g. np.dot as a class attribute binds, as the original does
-        cls = _CLASSES[binds] = type("FunctionProxy", (wrappers.load()[0],), namespace)
+            cls.__get__ = _bind  # e.g. np.dot as a class attribute binds, as the original does
+        _CLASSES[binds] = cls
     return cls
 
 

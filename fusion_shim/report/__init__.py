@@ -63,8 +63,6 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence, TextIO
 from ..config import Config
 from ..ledger import PHASES, Ledger
 from .bottom import added_time, detail, plain_words
-from .pool import pool_lines, pool_section
-from .stages import stage_lines, stages_section
 
 
 def _keep_package_function() -> None:
@@ -155,12 +153,16 @@ def build(rt: RunView, ledger: Ledger | None = None) -> dict[str, Any]:
     planner = rt.made_planner()
     if planner is not None and rt.config.policy != "local":
         report["planner"] = planner_section(rt)
-    pool = pool_section(rt.config.pool, links)
-    if pool is not None:
-        report["pool"] = pool
-    stages = stages_section(rt, report["records"])
-    if stages is not None:
-        report["stages"] = stages
+    if rt.config.pool:  # D118: the pool's and the stages' modules load only for a run that has them
+        from .pool import pool_section
+
+        report["pool"] = pool_section(rt.config.pool, links)
+    if "fusion_shim.stages" in sys.modules:  # a stage's records come from that package alone
+        from .stages import stages_section
+
+        stages = stages_section(rt, report["records"])
+        if stages is not None:
+            report["stages"] = stages
     report["summary"] = summarize(report)
     return report
 
@@ -278,7 +280,7 @@ def format_table(report: dict[str, Any]) -> str:
     ops = report["ops"]
     if not ops:
         lines.append("  no intercepted calls")
-        lines += pool_lines(report.get("pool"), report["events"])
+        lines += _pool_lines(report.get("pool"), report["events"])
         return "\n".join(lines)
     w = report.get("worker")
     if report["policy"] == "auto" and w is not None and any(o.get("below_floor") for o in ops.values()):
@@ -290,13 +292,29 @@ def format_table(report: dict[str, Any]) -> str:
     lines += _op_table(ops, checks)
     lines += _totals(sm, checks)
     lines += _planner_lines(report.get("planner"))
-    lines += pool_lines(report.get("pool"), report["events"])
-    lines += stage_lines(report.get("stages"))
+    lines += _pool_lines(report.get("pool"), report["events"])
+    lines += _stage_lines(report.get("stages"))
     lines += _sites_and_reasons(sm, ops)
     if w is not None and w.get("cpu_start"):
         lines.append(f"  embedded worker (no GPU on this host) {w['cpu_start']}")
     lines += _event_lines(report["events"])
     return "\n".join(lines)
+
+
+def _pool_lines(section: dict[str, Any] | None, events: list[dict]) -> list[str]:
+    if not section:  # D118: report.pool loads for a run with a pool alone
+        return []
+    from .pool import pool_lines
+
+    return pool_lines(section, events)
+
+
+def _stage_lines(section: dict[str, Any] | None) -> list[str]:
+    if not section:  # D118: report.stages loads for a run that called a stage alone
+        return []
+    from .stages import stage_lines
+
+    return stage_lines(section)
 
 
 EVENTS_OF_A_KIND = 3  # the table shows this many events of one kind; the JSON keeps them all

@@ -341,3 +341,30 @@ def test_call_sites_are_keyed_by_line_and_op(shim):
     assert here == want, rep["sites"]
     shown = [l for l in format_table(rep).splitlines() if l.endswith(line)]
     assert len(shown) == 4 and all(" 3 calls" in l for l in shown), shown
+
+
+def test_the_report_loads_its_pool_and_stages_parts_only_for_a_run_that_has_them(tmp_path):
+    """D118: a run without a pool or a stage builds and prints its table without loading
+    ``report.pool`` or ``report.stages``; a report that has those sections still shows them (the
+    stage and pool tests run them end to end)."""
+    prog = tmp_path / "app.py"
+    prog.write_text(textwrap.dedent("""
+        import sys
+        import numpy as np
+        import fusion_shim
+        np.matmul(np.ones((4, 4)), np.ones((4, 4)))
+        rep = fusion_shim.report()
+        report = sys.modules["fusion_shim.report"]
+        text = report.format_table(rep)
+        print(sorted(m for m in ("fusion_shim.report.pool", "fusion_shim.report.stages") if m in sys.modules))
+        rep["pool"] = {"url": "ray://nowhere", "workers": []}
+        rep["stages"] = {"__main__:f": {"calls": 1, "worker": 0, "local": 1, "fallback": 0, "bytes_sent": 0,
+                                        "bytes_received": 0, "here_s": 0.5, "there_s": 0.0, "predicted_there_s": 0.0,
+                                        "predicted_n": 0, "inner": {}, "pinned": None}}
+        text = report.format_table(rep)
+        print("pool ray://nowhere: not used" in text, "stages:" in text and "__main__:f" in text)
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
+    out = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", "local", "--quiet", str(prog)],
+                         capture_output=True, text=True, timeout=300, env=env, check=True)
+    assert out.stdout.splitlines() == ["[]", "True True"], out.stderr

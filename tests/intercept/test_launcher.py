@@ -570,3 +570,27 @@ def test_policy_local_prints_what_would_have_been_considered(tmp_path):
     assert "no intercepted calls" not in r.stderr
     line = next(l for l in r.stderr.splitlines() if l.strip().startswith("matmul"))
     assert line.split()[1] == "5", line
+
+
+@pytest.mark.parametrize("launch", ["-m", "FUSION_SHIM=1"])
+def test_the_collector_is_paused_only_while_the_shim_starts(tmp_path, launch):
+    """D119: no cyclic collection while the launcher and the install run; the program finds the
+    collector as it left it, on or off, before and after its `import numpy`."""
+    prog = tmp_path / "app.py"
+    prog.write_text(textwrap.dedent("""
+        import gc, sys
+        first = gc.isenabled()
+        if sys.argv[1:] == ["off"]:
+            gc.disable()
+        import numpy as np
+        import fusion_shim
+        np.matmul(np.ones((2, 2)), np.ones((2, 2)))
+        print(first, gc.isenabled(), fusion_shim.active() is not None)
+    """))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
+    argv = [PY, "-m", "fusion_shim", "--quiet", str(prog)] if launch == "-m" else [PY, str(prog)]
+    if launch != "-m":
+        env.update(FUSION_SHIM="1", FUSION_SHIM_QUIET="1")
+    got = [subprocess.run([*argv, *extra], capture_output=True, text=True, timeout=300, env=env, check=True).stdout
+           for extra in ([], ["off"])]
+    assert got == ["True True True\n", "True False True\n"]

@@ -543,3 +543,42 @@ def test_fast_proxy_keeps_the_function_interface():
         assert probe() == plain
     finally:
         fusion_shim.uninstall()
+
+
+def test_fast_proxy_call_path_takes_keywords_errors_and_a_replaced_callable():
+    """The proxies are called by vectorcall, straight into their C FastCall (D117): its keywords,
+    NumPy's errors, whatever else ``set_call`` gives them, a subclass, the collector and their
+    class's references behave as a Python call would."""
+    import gc
+    import sys
+
+    from fusion_shim.intercept import native
+
+    rt = fusion_shim.install(policy="local", quiet=True)
+    try:
+        a, out = np.ones((3, 3)), np.empty((3, 3))
+        assert np.matmul(a, a, out=out) is out and (out == 3.0).all()
+        assert np.matmul.__call__(a, a).sum() == 27.0  # the slot wrapper goes the same way
+        same(np.linalg.inv(2 * np.eye(3)), np.eye(3) / 2)
+        with pytest.raises(ValueError):
+            np.matmul(np.ones((2, 3)), np.ones((2, 3)))
+        with pytest.raises(TypeError):
+            np.linalg.inv()
+        assert rt.ledger.snapshot_ops()["numpy.matmul"]["below_floor"] == 3
+        cls = type(np.matmul)  # the class of a proxy of a ufunc, as np.add's below
+        held = sys.getrefcount(cls)
+        proxy = native.fast_proxy(np.add, None)[0]
+        native._native.set_call(proxy, lambda *args, **kwargs: ("replaced", args, kwargs))
+        assert proxy(1, k=2) == ("replaced", (1,), {"k": 2})
+        with pytest.raises(TypeError):
+            cls(np.add)(1, 2)  # never given a callable
+        sub = type("Sub", (cls,), {})(np.add)
+        native._native.set_call(sub, np.subtract)
+        assert sub(3, 1) == 2 and isinstance(sub, PROXY)
+        with pytest.raises(TypeError):
+            native._native.set_call(np.ones(2), np.add)
+        del proxy, sub
+        gc.collect()
+        assert sys.getrefcount(cls) == held
+    finally:
+        fusion_shim.uninstall()

@@ -244,7 +244,8 @@ def rule_einsum(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     if len(arrays) < 2:
         raise Unsupported("single-operand einsum returns a view")
     dt = product_dtype(*arrays)
-    if len(arrays) > 2 and ba.arguments.get("optimize", False) is not False and len({a.dtype.newbyteorder("=") for a in arrays}) > 1:
+    mixed = len({a.dtype.newbyteorder("=") for a in arrays}) > 1
+    if len(arrays) > 2 and mixed and ba.arguments.get("optimize", False) is not False:
         # NumPy contracts pairwise there, each intermediate in its pair's dtype (f4 with f4 stays f4)
         raise Unsupported("einsum with optimize over operands of several dtypes: NumPy's intermediates "
                           "take each pair's dtype")

@@ -55,7 +55,7 @@ class CallPath:
         self.reuse = reuse  # inputs this process keeps passing to remote candidates
         self._inflight_lock = threading.Lock()
         self.templates: dict[tuple, repeat.Template] = {}  # D45: (op, layout key) -> what its first call made
-        self.repeated = 0  # calls sent from a template
+        self.repeated = 0  # calls a worker answered that were sent from a template
 
     def run(self, spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict) -> Done | Record:
         """``Done`` (the worker's answer, to be checked) or a ``Record`` (compute here, then
@@ -94,7 +94,9 @@ class CallPath:
             rec.kind = "fallback" if self.config.policy == "remote" else "local"
             return rec
         got = self._send(spec, call, decision, prep, rec, wired, t0, tmpl)
-        if (tmpl is None and key is not None and got.__class__ is Done and wired is None
+        if tmpl is not None:
+            self.repeated += got.__class__ is Done
+        elif (key is not None and got.__class__ is Done and wired is None
                 and not (rec.shm_sent or rec.shm_received) and len(self.templates) < repeat.TEMPLATES_MAX):
             made = repeat.make(prep, args, kwargs, call, rec.shapes, rec.dtypes)
             if made is not None:
@@ -117,7 +119,6 @@ class CallPath:
     def _repeat_decision(self, spec: OpSpec, tmpl: repeat.Template, prep: Prepared, rec: Record) -> Planned:
         """The call's decision: under policy remote with one ready worker, the template's for
         ``REPRICE_EVERY`` calls (there the planner only prices it for the report); else made afresh."""
-        self.repeated += 1
         if self.config.policy != "remote" or len(self.links) != 1:
             return self.decide(spec, tmpl.call, prep, rec)[0]
         planned = tmpl.planned

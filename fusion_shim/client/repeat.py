@@ -75,8 +75,19 @@ class Encoded(NamedTuple):
 class Template:
     """What one call made that the calls repeating its layout reuse."""
 
-    __slots__ = ("prep", "where", "call", "shapes", "dtypes", "header", "prefix", "largest", "op_key",
-                 "planned", "uses")
+    __slots__ = (
+        "call",
+        "dtypes",
+        "header",
+        "largest",
+        "op_key",
+        "planned",
+        "prefix",
+        "prep",
+        "shapes",
+        "uses",
+        "where",
+    )
 
     def __init__(self, prep: Prepared, where: list, call: plan.Call, shapes: list, dtypes: list, header: dict,
                  prefix: bytes):

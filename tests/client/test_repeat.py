@@ -10,7 +10,6 @@ import weakref
 
 import numpy as np
 import pytest
-
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +19,6 @@ from fusion_shim.plan import Call
 from fusion_shim.protocol import wire
 from tests.catalog.test_hypothesis import STRATEGIES, Draw, _materialize, run_call
 from tests.helpers.shims import installed, last_record
-from tests.helpers.workers import thread_worker
 
 pytestmark = pytest.mark.usefixtures("no_shim_after")
 

@@ -66,8 +66,8 @@ class TorchBackend:
         return self._pinned[slot]
 
     def run(self, kernel: Kernel, arrays: list[np.ndarray], params: dict, layouts: list) -> tuple[list, dict]:
-        """Host arrays in, host arrays out, with the time of each phase (the health check; test
-        backends offer only this)."""
+        """Host arrays in, host arrays out, with the time of each phase (the health check and a
+        planned call, D76; test backends offer only this)."""
         t0 = time.perf_counter()
         tensors = [self.to_device(a) for a in arrays]
         self.sync()

@@ -10,7 +10,6 @@ left to the general path, which answers it as it answers any call.
 """
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import msgpack
@@ -67,17 +66,8 @@ class ReplyBytes:
 def answer(backend: Any, kernel: Any, plan: Any, rid: int, arrays: list) -> list | None:
     """The planned call's reply frames on a device-level backend, or None: leave it to the general
     path (it raised, or its results are not as declared)."""
-    params, layouts = plan.header["params"], plan.header["layouts"]
     try:
-        t0 = time.perf_counter()
-        tensors = [backend.to_device(a) for a in arrays]
-        backend.sync()
-        t1 = time.perf_counter()
-        results = backend.compute(kernel, tensors, params, layouts)
-        backend.sync()
-        t2 = time.perf_counter()
-        out = backend.to_host(results)
-        t3 = time.perf_counter()
+        out, timing = backend.run(kernel, arrays, plan.header["params"], plan.header["layouts"])
     except Exception:  # noqa: BLE001 - the general path runs it again and answers the fault
         return None
-    return plan.reply.frames(rid, {"h2d": t1 - t0, "kernel": t2 - t1, "d2h": t3 - t2}, out)
+    return plan.reply.frames(rid, timing, out)

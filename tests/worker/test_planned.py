@@ -32,8 +32,7 @@ def _bytes(frames: list) -> list:
 
 def _no_clock(monkeypatch) -> None:
     """Every phase 0.0 on both paths, so that their replies can be compared byte for byte."""
-    monkeypatch.setattr(server.time, "perf_counter", lambda: 0.0)
-    monkeypatch.setattr(planned.time, "perf_counter", lambda: 0.0)
+    monkeypatch.setattr(server.time, "perf_counter", lambda: 0.0)  # the time module: the backend's clock too
 
 
 def _count_passes(monkeypatch) -> list:

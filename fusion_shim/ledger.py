@@ -32,7 +32,7 @@ class Record:
     __slots__ = ("op", "family", "site", "shapes", "dtypes", "kind", "reason", "predicted_local_s",
                  "predicted_remote_s", "phases", "bytes_sent", "bytes_received", "wall_s", "start_s", "raised",
                  "thread", "verify", "local_measured_s", "resident_hits", "bytes_saved", "resends", "evictions",
-                 "shm_sent", "shm_received", "worker", "plan")
+                 "shm_sent", "shm_received", "worker", "repeated", "plan")
     FIELDS = __slots__[:-1]
 
     def __init__(self, op: str, family: str, site: str = "?", shapes: list | None = None,
@@ -42,7 +42,7 @@ class Record:
                  wall_s: float = 0.0, start_s: float = 0.0, raised: str | None = None, thread: int = 0,
                  verify: str | None = None, local_measured_s: float | None = None, resident_hits: int = 0,
                  bytes_saved: int = 0, resends: int = 0, evictions: int = 0, shm_sent: int = 0,
-                 shm_received: int = 0, worker: int | None = None):
+                 shm_received: int = 0, worker: int | None = None, repeated: bool = False):
         self.op = op
         self.family = family
         self.site = site
@@ -68,6 +68,7 @@ class Record:
         self.shm_sent = shm_sent        # input bytes that went through shared memory, not the socket
         self.shm_received = shm_received  # ... and result bytes that came back that way
         self.worker = worker            # the index of the worker that answered it (the trace's device tracks)
+        self.repeated = repeated        # sent from the template of an earlier call with its layout (D45)
 
     def as_dict(self) -> dict[str, Any]:
         """The fields, containers copied (what the JSON report holds)."""
@@ -90,12 +91,19 @@ class Record:
 def call_site(depth: int = 2) -> str:
     """file:line of the first frame outside numpy, wrapt and fusion_shim: the user's line."""
     frame = sys._getframe(depth)
+    library = _library
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not _is_library(filename):
+        known = library.get(filename)
+        if known is None:
+            known = library[filename] = _is_library(filename)
+        if not known:
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back
     return "?"
+
+
+_library: dict[str, bool] = {}  # by file name: whether its frames are skipped (a program has few files)
 
 
 def _is_library(filename: str) -> bool:
@@ -165,12 +173,14 @@ class Ledger:
             agg["shm_sent"] += rec.shm_sent
             agg["shm_received"] += rec.shm_received
             agg["wall_s"] += rec.wall_s
+            phases = agg["phases"]
             for phase, seconds in rec.phases.items():
-                agg["phases"][phase] = agg["phases"].get(phase, 0.0) + seconds
+                phases[phase] = phases.get(phase, 0.0) + seconds
             agg["resident_hits"] += rec.resident_hits
             agg["bytes_saved"] += rec.bytes_saved
             agg["resends"] += rec.resends
             agg["evictions"] += rec.evictions
+            agg["repeated"] += rec.repeated
             if rec.verify is not None:
                 agg["verified"] += 1
                 agg["mismatches"] += rec.verify != "ok"
@@ -226,7 +236,7 @@ class Ledger:
 
 def _new_op() -> dict[str, Any]:
     return {"family": "", "calls": 0, "worker": 0, "local": 0, "unsupported": 0, "fallback": 0,
-            "below_floor": 0, "verified": 0, "mismatches": 0,
+            "below_floor": 0, "verified": 0, "mismatches": 0, "repeated": 0,
             "resident_hits": 0, "bytes_saved": 0, "resends": 0, "evictions": 0, "bytes_sent": 0, "bytes_received": 0,
             "shm_sent": 0, "shm_received": 0, "wall_s": 0.0,
             "phases": {}, "reasons": Counter()}

@@ -75,11 +75,12 @@ class CallPath:
              t0: float) -> Done | Record:
         key = repeat.layout_key(args, kwargs) if not self.config.residency and repeat.repeatable(spec) else None
         tmpl = self.templates.get((spec.name, key)) if key is not None else None
-        if tmpl is not None and self._may_repeat(spec, tmpl, rec):
+        fresh = False  # no template for this key yet: this call may leave one
+        if tmpl.__class__ is repeat.Template and self._may_repeat(spec, tmpl, rec):
             prep, call, wired = tmpl.prepared(args, kwargs), tmpl.call, None
             planned = self._repeat_decision(spec, tmpl, prep, rec)
         else:
-            tmpl = None
+            fresh, tmpl = tmpl is None and key is not None, None
             prep = self._prepare(spec, sig, args, kwargs, rec)
             if prep is None:  # unsupported, pinned, or no worker has its kernel: the record says so
                 return rec
@@ -95,9 +96,10 @@ class CallPath:
             return rec
         got = self._send(spec, call, decision, prep, rec, wired, t0, tmpl)
         if tmpl is not None:
-            self.repeated += got.__class__ is Done
-        elif (key is not None and got.__class__ is Done and wired is None
-                and not (rec.shm_sent or rec.shm_received) and len(self.templates) < repeat.TEMPLATES_MAX):
+            if got.__class__ is Done:
+                rec.repeated = True
+                self.repeated += 1
+        elif fresh and got.__class__ is Done and wired is None and len(self.templates) < repeat.TEMPLATES_MAX:
             made = repeat.make(prep, args, kwargs, call, rec.shapes, rec.dtypes)
             if made is not None:
                 self.templates[(spec.name, key)] = made

@@ -6,7 +6,9 @@ its arguments (:data:`REPEATABLE`), such a call binds to the same :class:`Prepar
 arrays, and encodes to the same header but for its id. A :class:`Template` keeps both from the
 first call that went to a worker by value (no out=, no finish, every input an argument as given),
 keyed by :func:`layout_key`; the next call with that key skips the binding, the rule, the planner's
-``Call`` and the header's encoding. Its reply is decoded and checked in full, as any call's.
+``Call`` and the header's encoding. Its reply is decoded and checked in full, as any call's. A
+call that the shared-memory lane carries is prepared from its template too, and its header encoded
+in full (the lane names its segments there).
 
 Under policy remote the decision is the template's for ``REPRICE_EVERY`` calls (the planner only
 prices it for the report there, D45); under auto every call is decided afresh.
@@ -27,7 +29,8 @@ from ..protocol import messages, wire
 # checks each of its rows against arrays of the same layout and other values)
 REPEATABLE = "products."
 REPRICE_EVERY = 16   # D45: calls a remote-policy template's decision is reused for
-TEMPLATES_MAX = 64   # per op: layouts remembered, the first ones kept
+TEMPLATES_MAX = 64   # layouts remembered, the first ones kept
+NEVER = "never"      # what make returns for a layout no call of which can be sent from a template
 _SCALARS = (int, bool, str, type(None))
 _ndarray = np.ndarray
 _ID_ZERO = msgpack.packb("id") + msgpack.packb(0)  # a header's last key and value, the id's a fixint of one byte
@@ -120,15 +123,20 @@ class Template:
         return Encoded(rid, [header, *bufs])
 
 
-def make(prep: Prepared, args: tuple, kwargs: dict, call: plan.Call, shapes: list, dtypes: list) -> Template | None:
-    """A template of a call that went by value, where every input is one of its arguments as given."""
+def make(prep: Prepared, args: tuple, kwargs: dict, call: plan.Call, shapes: list,
+         dtypes: list) -> Template | str | None:
+    """A template of a call that went by value, where every input is one of its arguments as given;
+    None where only this call's arguments stand in the way (one array passed twice), :data:`NEVER`
+    where its layout does (the rule reads only that: every call with its key would fail the same)."""
     if prep.out is not None or prep.finish is not None or not repeatable(prep.spec):
-        return None
+        return NEVER
     where: list = []
     for a in prep.arrays:
         at = [i for i, x in enumerate(args) if x is a] + [k for k, x in kwargs.items() if x is a]
-        if len(at) != 1 or not (a.flags.c_contiguous or a.flags.f_contiguous) or not a.dtype.isnative:
-            return None  # an input made by the rule, passed twice, or copied on its way to the wire
+        if len(at) > 1:
+            return None  # aliased here; another call with this layout may not be
+        if not at or not (a.flags.c_contiguous or a.flags.f_contiguous) or not a.dtype.isnative:
+            return NEVER  # an input made by the rule, or copied on its way to the wire
         where.append(at[0])
     header = {"v": wire.VERSION, "t": "call", "op": prep.spec.kernel_id, "params": prep.params,
               "layouts": prep.layouts,
@@ -136,5 +144,5 @@ def make(prep: Prepared, args: tuple, kwargs: dict, call: plan.Call, shapes: lis
               "arrays": [wire.to_wire(a)[0] for a in prep.arrays], "id": 0}
     packed = msgpack.packb(header, use_bin_type=True)
     if not packed.endswith(_ID_ZERO):
-        return None
+        return NEVER
     return Template(prep, where, call, shapes, dtypes, header, packed[:-1])

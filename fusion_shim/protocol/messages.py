@@ -124,16 +124,21 @@ def read_timing(reply: dict) -> Timing:
     phases: dict[str, float] = {}
     rejected = []
     for k, v in timing.items():
-        if k in _TIMED and isinstance(v, (int, float)) and not isinstance(v, bool):
-            if math.isfinite(v) and v >= 0:
+        t = type(v)
+        if (t is float or t is int) and k in _TIMED:  # not a bool, whose type is its own
+            if 0 <= v < math.inf:
                 phases[k] = float(v)
             else:
                 rejected.append(f"{k}={v}")
     fingerprint = phases.pop("fingerprint", 0.0)
+    kept, evicted = reply.get("kept"), reply.get("evicted")
     metas = reply.get("arrays") or ()
-    return Timing(phases, fingerprint, bool(timing.get("oom_retry")), frozenset(reply.get("kept") or ()),
-                  tuple(reply.get("evicted") or ()),
+    return Timing(phases, fingerprint, bool(timing.get("oom_retry")), frozenset(kept) if kept else _NONE_KEPT,
+                  tuple(evicted) if evicted else (),
                   tuple([m["fp"] if isinstance(m, dict) and m.get("fp") else None for m in metas]), tuple(rejected))
+
+
+_NONE_KEPT: frozenset[str] = frozenset()
 
 
 # --- stages (opt-in: docs/stages.md) --------------------------------------------------------------------

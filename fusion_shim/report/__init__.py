@@ -13,7 +13,8 @@ JSON schema ``fusion_shim.report/1`` (a map):
 - ``ops``: per op: ``family``, ``calls`` (recorded calls), ``worker``, ``local`` (decided local),
   ``unsupported`` (arguments the row cannot offload), ``fallback`` (meant for the worker, computed
   here after a fault or while it was not ready), ``below_floor`` (kept local by the size floor,
-  counted only), ``verified`` and ``mismatches`` (checked answers), ``bytes_sent`` and
+  counted only), ``repeated`` (worker calls sent from the template of an earlier call with the
+  same layout, D45), ``verified`` and ``mismatches`` (checked answers), ``bytes_sent`` and
   ``bytes_received`` (counted at the socket, headers included), ``shm_sent`` and ``shm_received``
   (buffer bytes that went through shared memory instead), ``resident_hits``, ``bytes_saved``,
   ``resends``, ``evictions`` (residency), ``wall_s``, ``phases`` (seconds per
@@ -208,8 +209,9 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "time_waiting_for_cold_worker_s": by_phase["wait_ready"],
         "time_checking_s": by_phase["verify"],
         "time_by_phase_s": by_phase,
-        "calls": {k: sum(o[k] for o in ops.values())
-                  for k in ("worker", "local", "unsupported", "fallback", "below_floor", "verified", "mismatches")},
+        "calls": {k: sum(o.get(k, 0) for o in ops.values())
+                  for k in ("worker", "local", "unsupported", "fallback", "below_floor", "verified", "mismatches",
+                            "repeated")},
         "residency": {k: sum(o.get(k, 0) for o in ops.values())
                       for k in ("resident_hits", "bytes_saved", "resends", "evictions")},
         "bytes_sent": sum(o["bytes_sent"] for o in ops.values()),
@@ -392,7 +394,9 @@ def _op_table(ops: dict[str, Any], checks: bool) -> list[str]:
 def _totals(sm: dict[str, Any], checks: bool) -> list[str]:
     """Time by place, bytes by lane, residency, checks and the estimate against all-local."""
     c = sm["calls"]
-    lines = [f"  time in intercepted calls: worker path {_ms(sm['time_on_worker_path_s'])} ({c['worker']} calls), "
+    repeated = f", {c['repeated']} sent from an earlier call's template" if c.get("repeated") else ""
+    lines = [f"  time in intercepted calls: worker path {_ms(sm['time_on_worker_path_s'])} ({c['worker']} calls"
+             f"{repeated}), "
              f"computed here {_ms(sm['time_computed_here_s'])} "
              f"({c['local'] + c['unsupported'] + c['fallback']} calls, {c['below_floor']} more below the floor)",
              f"  waiting for a cold worker: {_ms(sm['time_waiting_for_cold_worker_s'])}",

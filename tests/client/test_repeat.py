@@ -17,6 +17,7 @@ from fusion_shim.catalog import CATALOG, Unsupported, prepare
 from fusion_shim.client import remote, repeat
 from fusion_shim.plan import Call
 from fusion_shim.protocol import wire
+from fusion_shim.transport import shm, shm_client
 from tests.catalog.test_hypothesis import STRATEGIES, Draw, _materialize, run_call
 from tests.helpers.shims import installed, last_record
 
@@ -74,7 +75,8 @@ def test_the_repeatable_rows():
 @pytest.mark.parametrize("name", ROWS)
 def test_a_repeatable_rule_reads_only_the_layout_key(name):
     """Generated calls, and the same calls with other values in arrays of the same layout: the rule
-    refuses both or makes the same call of both, and a template of the first makes the second's."""
+    refuses both or makes the same call of both, a template of the first makes the second's, and a
+    layout the first says can never repeat says so of the second too."""
     spec = _spec(name)
     sig = inspect.signature(_numpy_function(spec))
     rng = np.random.default_rng(0)
@@ -98,7 +100,9 @@ def test_a_repeatable_rule_reads_only_the_layout_key(name):
         p2 = prepare(spec, sig, a2, k2)
         assert _fields(p1) == _fields(p2)
         tmpl = repeat.make(p1, a1, k1, None, [], [])
-        if tmpl is not None:
+        if tmpl == repeat.NEVER:  # said of the layout: so of every call with its key
+            assert repeat.make(p2, a2, k2, None, [], []) == repeat.NEVER
+        elif tmpl is not None:
             again = tmpl.prepared(a2, k2)
             assert len(again.arrays) == len(p2.arrays) and all(x is y for x, y in zip(again.arrays, p2.arrays))
             assert _fields(again) == _fields(p2)
@@ -145,7 +149,28 @@ def test_no_template_of_an_input_passed_twice_or_made_by_the_rule():
     assert repeat.make(prep, (a, a), {}, None, [], []) is None
     strided = np.ones((3, 6))[:, ::2]
     prep = prepare(spec, sig, (strided, a), {})
-    assert repeat.make(prep, (strided, a), {}, None, [], []) is None
+    assert repeat.make(prep, (strided, a), {}, None, [], []) == repeat.NEVER
+    out = np.empty((3, 3))
+    prep = prepare(spec, sig, (a, a.copy()), {"out": out})
+    assert repeat.make(prep, (a, a.copy()), {"out": out}, None, [], []) == repeat.NEVER
+
+
+def test_a_layout_that_cannot_repeat_is_tried_once(inproc_worker, monkeypatch):
+    """A non-contiguous input is copied on its way to the wire: no call with that layout can be
+    sent from a template, and the next ones do not try again; an aliased call does not stop a
+    later one with its layout from making one."""
+    made = []
+    make = repeat.make
+    monkeypatch.setattr(repeat, "make", lambda *a: made.append(1) or make(*a))
+    strided, b = np.ones((6, 12))[:, ::2], np.ones((6, 6))
+    with installed(inproc_worker, residency=False, timeout=30.0) as rt:
+        for _ in range(4):
+            np.testing.assert_array_equal(np.dot(strided, b), np.full((6, 6), 6.0))
+        assert last_record(rt).kind == "worker" and len(made) == 1 and rt.calls.repeated == 0
+        np.dot(b, b)
+        np.dot(b, b.copy())
+        np.dot(b.copy(), b)
+        assert len(made) == 3 and rt.calls.repeated == 1 and last_record(rt).repeated
 
 
 def test_a_template_keeps_no_array_alive():
@@ -159,20 +184,33 @@ def test_a_template_keeps_no_array_alive():
     assert tmpl is not None and gone() is None
 
 
+@pytest.mark.parametrize("lane", ["socket", "shm"])
 @pytest.mark.parametrize("name", ROWS)
-def test_repeated_calls_are_the_librarys(inproc_worker, name):
+def test_repeated_calls_are_the_librarys(inproc_worker, name, lane, monkeypatch):
     """Differential, repeated: each generated call of the row run twice through the shim (policy
     remote, residency off: inputs by value), against the library each time; the second is sent
-    from its template where the first made one."""
+    from its template where the first made one. ``shm``: every buffer through the shared-memory
+    lane, whose calls are prepared from their template and encoded in full."""
+    if lane == "shm":
+        if not shm.available():
+            pytest.skip("no /dev/shm on this machine")
+        monkeypatch.setattr(shm_client, "MIN_BYTES", 0)
     outcomes = []
-    with installed(inproc_worker, residency=False, timeout=30.0) as rt:
+    with installed(inproc_worker, residency=False, timeout=30.0, shm="auto" if lane == "shm" else "0") as rt:
+        # torch warns once per process of a read-only input (a segment); the in-process worker's
+        # warning would land in the first generated call's
+        np.dot(np.ones(2), np.ones(2))
+
         def body(call):
             outcomes.append(run_call(rt, name, call))
             outcomes.append(run_call(rt, name, call))
 
         _generated(name, body)
         repeated = rt.calls.repeated
+        pool = rt.link.shm()
+        staged = pool.stats["bytes_staged"] if pool is not None else 0
     assert outcomes.count("worker") >= EXAMPLES // 2, outcomes
+    assert (staged > 0) == (lane == "shm")
     if name != "numpy.linalg.multi_dot":  # its arrays come in a list: never repeated
         assert repeated > 0
 
@@ -215,6 +253,19 @@ def test_policy_remote_reprices_a_template(inproc_worker):
             np.matmul(a, b)
         assert rt.calls.repeated == calls - 1
         assert len(decided) == 1 + 3  # the first call, then once per REPRICE_EVERY repeats
+
+
+def test_the_report_counts_calls_sent_from_a_template(inproc_worker):
+    from fusion_shim.report import build, format_table
+
+    a, b = np.ones((8, 8)), np.ones((8, 8))
+    with installed(inproc_worker, residency=False, timeout=30.0) as rt:
+        for _ in range(5):
+            np.matmul(a, b)
+        report = build(rt)
+    assert report["ops"]["numpy.matmul"]["repeated"] == 4 == report["summary"]["calls"]["repeated"]
+    assert [r["repeated"] for r in report["records"]][-5:] == [False] + [True] * 4
+    assert "(5 calls, 4 sent from an earlier call's template)" in format_table(report)
 
 
 def test_a_pinned_signature_is_not_repeated(inproc_worker):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import threading
 import time
+from collections import deque
 from dataclasses import replace
 from typing import Any, NamedTuple
 
@@ -56,6 +57,9 @@ class CallPath:
         self._inflight_lock = threading.Lock()
         self.templates: dict[tuple, repeat.Template] = {}  # D45: (op, layout key) -> what its first call made
         self.repeated = 0  # calls a worker answered that were sent from a template
+        # D47: under policy remote, what calls sent from a template leave the planner to learn, in order
+        self.unlearnt: deque = deque()
+        self._defer_learning = config.policy == "remote"
 
     def run(self, spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict) -> Done | Record:
         """``Done`` (the worker's answer, to be checked) or a ``Record`` (compute here, then
@@ -125,7 +129,7 @@ class CallPath:
             return self.decide(spec, tmpl.call, prep, rec)[0]
         planned = tmpl.planned
         if planned is None or tmpl.uses >= repeat.REPRICE_EVERY or self.links[0].state not in ("ready", "busy"):
-            planned = tmpl.planned = self.decide(spec, tmpl.call, prep, rec)[0]
+            planned = tmpl.planned = self.decide(spec, tmpl.call, prep, rec)[0]  # after learning what is left
             tmpl.uses = 0
         tmpl.uses += 1
         return planned
@@ -176,6 +180,8 @@ class CallPath:
         planner's first answer is refined by two named steps, each asking it again only where its
         inputs changed: what each worker holds (:meth:`_priced_by_residency`), and a link measured
         now (:meth:`_measure_links`)."""
+        if self.unlearnt:
+            self.learn()
         unknown = [None] * len(self.links)
         decision = self.planner.decide(call, self._states(spec, unknown))
         wired, to_send, inputs_up = None, None, None
@@ -266,8 +272,14 @@ class CallPath:
             value, seconds, kernel_s = remote.send(prep, rec, link, wired, deadline_s, tmpl)
             # the device model learns the kernel's time; the link model everything else of the round
             # trip, with the bytes that crossed it (socket and shared memory)
-            self.planner.observed_remote(link.index, call, decision, seconds, kernel_s,
-                                         rec.bytes_sent + rec.shm_sent, rec.bytes_received + rec.shm_received)
+            learnt = (link.index, call, decision, seconds, kernel_s, rec.bytes_sent + rec.shm_sent,
+                      rec.bytes_received + rec.shm_received)
+            if tmpl is not None and self._defer_learning:
+                self.unlearnt.append(learnt)
+                if len(self.unlearnt) >= repeat.REPRICE_EVERY:
+                    self.learn()
+            else:
+                self.planner.observed_remote(*learnt)
         except transport.Timeout as exc:
             if not bounded:
                 return self._failed(exc, rec, link, call, spec, t_sent, deadline_s, predicted)
@@ -289,6 +301,17 @@ class CallPath:
         link.answered.add((call.op, call.dtype))
         link.answered_call(rec.bytes_sent + rec.shm_sent, rec.bytes_received + rec.shm_received)
         return Done(value, rec, prep)
+
+    def learn(self) -> None:
+        """D47: the planner learns what the calls sent from a template under policy remote left, in
+        their order (before any decision, any fault's lesson, and anything that reads it)."""
+        unlearnt, observed = self.unlearnt, self.planner.observed_remote
+        while True:
+            try:
+                learnt = unlearnt.popleft()
+            except IndexError:
+                return
+            observed(*learnt)
 
     def _deadline(self, link: WorkerLink, call: plan.Call, decision: plan.Decision) -> tuple[float, bool]:
         """(seconds the call may wait for its reply, whether running out is an abandoned exploration)."""
@@ -329,6 +352,7 @@ class CallPath:
         if isinstance(exc, transport.Timeout):
             detail = f" ({deadline_s:.3g} s: predicted {predicted or 0:.3g} s)"
             # it took at least this long: the next prediction for the op moves up
+            self.learn()
             self.planner.timed_out(link.index, call, time.perf_counter() - t_sent)
         if isinstance(exc, (transport.WorkerDied, transport.WorkerLost)):
             self.checks.count_crash((spec.kernel_id, tuple(rec.dtypes)), exc)

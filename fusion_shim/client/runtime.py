@@ -113,6 +113,8 @@ class Runtime:
                     t = time.perf_counter()
                     self._planner = self._make_planner(self.config)
                     self.note_startup("planner", time.perf_counter() - t)
+        elif self._calls is not None and self._calls.unlearnt:  # D47: what it reads is learnt first
+            self._calls.learn()
         return self._planner
 
     def _open_pool(self) -> None:
@@ -170,7 +172,9 @@ class Runtime:
         return self._links
 
     def made_planner(self) -> "Planner | None":
-        """The planner if it was made, making none."""
+        """The planner if it was made, making none (what the calls left it is learnt first, D47)."""
+        if self._calls is not None and self._calls.unlearnt:
+            self._calls.learn()
         return self._planner
 
     def _make_links(self) -> None:

@@ -268,6 +268,30 @@ def test_the_report_counts_calls_sent_from_a_template(inproc_worker):
     assert "(5 calls, 4 sent from an earlier call's template)" in format_table(report)
 
 
+def test_policy_remote_learns_a_templates_calls_before_anything_reads_the_planner(inproc_worker):
+    """D47: the calls sent from a template are learnt REPRICE_EVERY at a time, in their order, and
+    all of them before a decision, a report or any other reader of the planner."""
+    a, b = np.ones((8, 8)), np.ones((8, 8))
+    with installed(inproc_worker, residency=False, timeout=30.0) as rt:
+        planner = rt.made_planner()
+        seen = []
+        observed = planner.observed_remote
+        planner.observed_remote = lambda *args: seen.append(args[3]) or observed(*args)
+        for _ in range(repeat.REPRICE_EVERY + 4):
+            np.matmul(a, b)
+        # the first call at once, the next REPRICE_EVERY together, the last three not yet
+        assert len(seen) == 1 + repeat.REPRICE_EVERY and len(rt.calls.unlearnt) == 3
+        (tmpl,) = rt.calls.templates.values()
+        assert all(x[2] is tmpl.planned.decision for x in rt.calls.unlearnt)  # the decision they went by
+        spent = planner.intercepted_s
+        rt.planner  # noqa: B018 - reading it is the point
+        assert len(seen) == 4 + repeat.REPRICE_EVERY and not rt.calls.unlearnt
+        assert planner.intercepted_s == pytest.approx(spent + sum(seen[-3:]))
+        np.matmul(a, b)
+        report = __import__("fusion_shim").report()
+        assert len(seen) == 5 + repeat.REPRICE_EVERY and report["planner"]["intercepted_s"] == planner.intercepted_s
+
+
 def test_a_pinned_signature_is_not_repeated(inproc_worker):
     a, b = np.ones((8, 8)), np.ones((8, 8))
     with installed(inproc_worker, residency=False, timeout=30.0) as rt:

@@ -443,7 +443,7 @@ class Runtime:
             return self._evidence_call(spec, args, kwargs, original)
         guard.busy = True
         try:
-            got = self.calls.run(spec, sig, args, kwargs)
+            got = self._call_path(spec).run(spec, sig, args, kwargs)
         finally:
             guard.busy = False
         if got.__class__ is not Record:
@@ -456,6 +456,17 @@ class Runtime:
             raise
         self.calls.local_done(got, time.perf_counter() - t, None)
         return result
+
+    def _call_path(self, spec: OpSpec) -> "CallPath":
+        """The call path; a Ctrl-C while the first call makes it (its modules load then) leaves that
+        call's record, so the report at exit still shows the run."""
+        try:
+            return self.calls
+        except KeyboardInterrupt:
+            self.ledger.add(Record(spec.name, spec.family, site=call_site(4), kind="fallback",
+                                   reason="interrupted before it ran", raised="KeyboardInterrupt",
+                                   thread=_thread.get_ident()))
+            raise
 
 
 def _pool_device(info: dict) -> str:

@@ -293,3 +293,26 @@ def test_ctrl_c_prints_the_report_a_clean_traceback_and_leaves_no_worker(tmp_pat
     assert "fusion_shim" not in tb and "zmq" not in tb and "threading.py" not in tb, tb
     assert "fusion_shim report" in err[end:], err
     assert all(gone_within(pid, 10) for pid in workers), "the embedded worker outlived its interrupted client"
+
+
+def test_ctrl_c_while_the_first_call_makes_the_call_path_leaves_its_record(inproc_worker, monkeypatch):
+    """A Ctrl-C that lands while the first call above the floor loads the call path's modules (a
+    slow import on a loaded machine): the program sees KeyboardInterrupt, the run keeps the call's
+    record, so the report at exit is printed; the next call makes the call path."""
+    from fusion_shim.client.runtime import Runtime
+    from tests.helpers.shims import installed
+
+    with installed(inproc_worker, timeout=30.0) as rt:
+        rt._calls = None
+        parts = Runtime._parts
+        monkeypatch.setattr(Runtime, "_parts", lambda self: (_ for _ in ()).throw(KeyboardInterrupt()))
+        a = np.ones((64, 64))
+        with pytest.raises(KeyboardInterrupt):
+            np.matmul(a, a)
+        (rec,) = [r for r in rt.ledger.records if r.raised == "KeyboardInterrupt"]
+        assert rec.kind == "fallback" and rec.reason == "interrupted before it ran" and rec.op == "numpy.matmul"
+        assert "test_lifecycle.py:" in rec.site  # the program's line
+        assert rt.ledger.snapshot_ops()["numpy.matmul"]["fallback"] == 1  # what the report at exit counts
+        monkeypatch.setattr(Runtime, "_parts", parts)
+        np.testing.assert_array_equal(np.matmul(a, a), np.full((64, 64), 64.0))
+        assert rt.ledger.records[-1].kind == "worker"

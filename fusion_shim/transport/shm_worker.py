@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..protocol.wire import WireError
 from .principal import Principal
 from .shm_common import (POPULATE, ShmError, boot_id, check_loc, open_segment, owner_dead, parse, read_into,
                          sweep_stale, write_from)
@@ -26,12 +27,12 @@ IDLE_BYTES = 2 << 30  # free input buffers kept for reuse, as much as a client k
 
 class _Segment:
     """A client's segment as the worker holds it: an open fd, never a mapping (D67)."""
-    __slots__ = ("fd", "size", "owner", "principal")
+    __slots__ = ("fd", "size", "owner", "principal", "role")
 
     def __init__(self, name: str, writable: bool, principal: Principal, limit: int | None):
         self.fd, self.size = open_segment(name, writable, principal.uid, limit)
         self.principal = principal.name
-        ns, pid, start, _ = parse(name)
+        ns, pid, start, self.role = parse(name)
         self.owner = f"{ns}-{pid}-{start}"
 
     def close(self) -> None:
@@ -120,8 +121,6 @@ class ShmMapper:
     def _get(self, name: str, role: str, principal: Principal) -> _Segment | None:
         """The segment, opened for ``principal`` when it is new; None when it is new and
         ``principal`` holds its share of segments already."""
-        from ..protocol.wire import WireError
-
         if parse(name)[3] != role:
             raise WireError(f"segment {name} cannot serve as {'an input' if role == 'i' else 'a result'}")
         m = self._maps.get(name)
@@ -141,18 +140,25 @@ class ShmMapper:
             self.clients.setdefault(m.owner, pid)
         return m
 
+    def holds(self, name: str, principal: Principal) -> bool:
+        """Whether segment ``name`` is open here for ``principal`` (reading it then opens nothing)."""
+        m = self._maps.get(name)
+        return m is not None and m.principal == principal.name
+
     def acting_for(self, principal: Principal) -> "_Segments":
         """The segments as ``principal`` may name them (what wire.decode resolves ``shm`` metas with)."""
         return _Segments(self, principal)
 
     def array(self, loc: Any, dtype: np.dtype, shape: tuple, order: str, principal: Principal) -> np.ndarray:
         """An input array read from a client's segment into a buffer of the worker's, read-only."""
-        from ..protocol.wire import WireError
-
-        name, offset, _ = check_loc(loc)
-        m = self._get(name, "i", principal)
-        if m is None:
-            raise WireError(f"cannot open segment {name}: this client holds {self.per_principal} segments here")
+        m = self._held_input(loc, principal)
+        if m is not None:
+            name, offset = loc["name"], loc["offset"]
+        else:  # not open for it as an input: the locator's and the segment's full checks, and their errors
+            name, offset, _ = check_loc(loc)
+            m = self._get(name, "i", principal)
+            if m is None:
+                raise WireError(f"cannot open segment {name}: this client holds {self.per_principal} segments here")
         nbytes = math.prod(shape) * dtype.itemsize  # D77: np.prod of a tuple costs 6 us, math.prod 0.1
         if offset + nbytes > m.size:
             raise WireError(f"input of {nbytes} bytes at {offset} overruns segment {name} of {m.size}")
@@ -167,6 +173,17 @@ class ShmMapper:
         arr = base[:nbytes].view(dtype).reshape(shape, order=order)
         arr.flags.writeable = False
         return arr
+
+    def _held_input(self, loc: Any, principal: Principal) -> _Segment | None:
+        """D79: the input segment ``loc`` names, open for ``principal``, at an offset that is an int
+        >= 0 (its name was checked when it was opened, its role is the name's); None otherwise."""
+        if type(loc) is not dict:
+            return None
+        name, offset = loc.get("name"), loc.get("offset")
+        m = self._maps.get(name) if type(name) is str else None
+        if m is None or m.role != "i" or m.principal != principal.name or type(offset) is not int or offset < 0:
+            return None
+        return m
 
     def out_slot(self, slot: Any, nbytes: int, principal: Principal) -> _Slot | None:
         """A result slot the client offered, to write once the kernel ran (:meth:`write`), or None

@@ -65,11 +65,14 @@ class TorchBackend:
                                              dtype=torch.uint8, pin_memory=True)
         return self._pinned[slot]
 
-    def run(self, kernel: Kernel, arrays: list[np.ndarray], params: dict, layouts: list) -> tuple[list, dict]:
+    def run(self, kernel: Kernel, arrays: list[np.ndarray], params: dict, layouts: list,
+            staged: frozenset = frozenset()) -> tuple[list, dict]:
         """Host arrays in, host arrays out, with the time of each phase (the health check and a
-        planned call, D76; test backends offer only this)."""
+        planned call, D76; test backends offer only this). ``staged``: the indices of inputs read
+        from a client's segment (D79), sent as :meth:`to_device` sends those."""
         t0 = time.perf_counter()
-        tensors = [self.to_device(a) for a in arrays]
+        tensors = [self.to_device(a, i in staged) for i, a in enumerate(arrays)] if staged else [
+            self.to_device(a) for a in arrays]
         self.sync()
         t1 = time.perf_counter()
         results = self.compute(kernel, tensors, params, layouts)

@@ -11,10 +11,12 @@ prefix leaves the reader in the same place, one int there is one item, and the s
 same). A plan is made only after its header was decoded with another id at that place and read the
 same but for the id, so the int there is the header's own ``id``.
 
-Only plain calls get a plan: every input travels as a frame (no reference, fingerprint or shared
-memory), and the header carries nothing but the call (no ``keep``, result slots or segments to drop).
-A request that matches a plan but not its frames (their count, each one's length) is decoded in
-full, and refused there. Plans are read, never changed: the header they hold is shared by their calls.
+Only plain calls get a plan: every input travels as a frame or in a client's segment (no reference
+or fingerprint), and the header carries nothing but the call (no ``keep``, result slots or segments
+to drop). A plan's segment inputs are named by its header's bytes; they are read afresh at every
+call, through the worker's mapper and its checks (:func:`.planned.segment_inputs`, D79). A request that
+matches a plan but not its frames (their count, each one's length) is decoded in full, and refused
+there. Plans are read, never changed: the header they hold is shared by their calls.
 """
 from __future__ import annotations
 
@@ -30,7 +32,9 @@ PLANS_MAX = 256      # plans kept, the oldest dropped first
 HEADER_MAX = 4096    # bytes: a larger header is decoded every time (a plan keeps its bytes)
 OFFSETS_MAX = 4      # distinct places of the id (one per client encoding) looked at per request
 PLAIN_KEYS = frozenset(("v", "t", "id", "op", "params", "layouts", "results", "arrays"))
+PLAIN_KEYS_SHM = PLAIN_KEYS | {"out_shm"}  # D79: with result slots offered, none taken (all None)
 PLAIN_META = frozenset(("dtype", "shape", "order"))
+SHM_META = PLAIN_META | {"shm"}
 _ID_KEY = msgpack.packb("id")
 _UINT_LEN = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}  # msgpack's unsigned ints past a positive fixint
 
@@ -41,6 +45,7 @@ class Plan(NamedTuple):
     admitted: tuple        # declared results, result destinations, slots (the kernel is looked up per call)
     max_bytes: int         # the budget it was admitted under
     reply: Any = None      # D76: its reply header's fixed bytes (planned.ReplyBytes)
+    segments: tuple = ()   # D79: per input in a segment, (its index, its locator, dtype, shape, order)
 
 
 class Plans:
@@ -72,9 +77,10 @@ class Plans:
 
     def learn(self, who: str, frame: Any, header: dict, arrays: list, admitted: tuple, max_bytes: int,
               reply: Any = None) -> None:
-        """Remember an admitted call of ``who`` (``header`` decoded from ``frame``) if it is plain."""
+        """Remember an admitted call of ``who`` (``header`` decoded from ``frame``) if it is plain;
+        ``reply()`` makes the plan's fixed reply bytes, only for a plan kept."""
         raw = _raw(frame)
-        if raw is None or not _plain(header):
+        if raw is None or not _plain(header) or any(d is not None for d in admitted[1]):
             return
         rid = header["id"]
         at = raw.find(_ID_KEY + msgpack.packb(rid))
@@ -91,8 +97,12 @@ class Plans:
             self._offsets.append(off)
         if len(self._plans) >= self.limit:
             del self._plans[next(iter(self._plans))]
-        inputs = tuple((a.dtype, a.shape, m["order"], a.nbytes) for a, m in zip(arrays, header["arrays"]))
-        self._plans[(who, off, prefix, suffix)] = Plan(header, inputs, admitted, max_bytes, reply)
+        metas = header["arrays"]
+        inputs = tuple((a.dtype, a.shape, m["order"], a.nbytes) for a, m in zip(arrays, metas) if "shm" not in m)
+        segments = tuple((i, m["shm"], a.dtype, a.shape, m["order"]) for i, (a, m) in enumerate(zip(arrays, metas))
+                         if "shm" in m)
+        self._plans[(who, off, prefix, suffix)] = Plan(header, inputs, admitted, max_bytes,
+                                                       reply() if reply is not None else None, segments)
 
 
 def _raw(frame: Any) -> bytes | None:
@@ -119,9 +129,14 @@ def _uint_at(raw: bytes, off: int) -> tuple[int, int] | None:
 
 
 def _plain(header: dict) -> bool:
+    """A call whose inputs are frames or segment inputs, and which asks for nothing but its results."""
     metas = header.get("arrays")
-    return (header.get("t") == "call" and PLAIN_KEYS.issuperset(header) and isinstance(metas, list)
-            and all(PLAIN_META.issuperset(m) for m in metas))
+    if header.get("t") != "call" or not isinstance(metas, list):
+        return False
+    slots = header.get("out_shm")
+    if "out_shm" in header and not (isinstance(slots, list) and all(x is None for x in slots)):
+        return False
+    return PLAIN_KEYS_SHM.issuperset(header) and all(SHM_META.issuperset(m) for m in metas)
 
 
 def _is_the_id(prefix: bytes, suffix: bytes, header: dict) -> bool:
@@ -136,10 +151,11 @@ def _is_the_id(prefix: bytes, suffix: bytes, header: dict) -> bool:
 def _arrays(frames: list, inputs: tuple) -> list | None:
     """The inputs as views on their frames, laid out as :func:`wire.decode` lays them out (one
     ``np.ndarray`` over each frame: a third of ``frombuffer`` and ``reshape``'s time); None where
-    the frames are not the plan's (their count, a length)."""
+    the frames are not the plan's (their count, a length). A plan's segment inputs are not among
+    them (:func:`.planned.segment_inputs`)."""
     if len(frames) != len(inputs) + 1:
         return None
-    arrays = []
+    arrays: list = []
     for frame, (dt, shape, order, nbytes) in zip(frames[1:], inputs):
         if (len(frame) if isinstance(frame, zmq.Frame) else memoryview(frame).nbytes) != nbytes:
             return None

@@ -150,6 +150,30 @@ def test_mapper_refuses_bad_locators():
         pool.close()
 
 
+def test_a_segment_already_open_is_refused_where_a_new_one_would_be():
+    """D79: an input read from a segment the mapper holds skips the name's parse, not its checks."""
+    pool = shm.ShmPool()
+    mapper = shm.ShmMapper()
+    other = ANON._replace(name="uid:other")
+    try:
+        seg, out = pool.acquire("i", 1000), pool.acquire("o", 1000)
+        dt = np.dtype("f8")
+        mapper.array({"name": seg.name, "offset": 0}, dt, (4,), "C", ANON)  # opened
+        assert mapper.out_slot({"name": out.name, "offset": 0, "nbytes": 8}, 8, ANON) is not None
+        for offset in (-1, True, 1.0, "0"):
+            with pytest.raises(wire.WireError, match="offset"):
+                mapper.array({"name": seg.name, "offset": offset}, dt, (1,), "C", ANON)
+        with pytest.raises(wire.WireError, match="No such file"):
+            mapper.array({"name": seg.name, "offset": 0}, dt, (1,), "C", other)
+        with pytest.raises(wire.WireError, match="cannot serve as an input"):
+            mapper.array({"name": out.name, "offset": 0}, dt, (1,), "C", ANON)
+        with pytest.raises(wire.WireError, match="overruns"):
+            mapper.array({"name": seg.name, "offset": seg.size - 8}, dt, (2,), "C", ANON)
+        assert mapper.take_new() == [seg.name, out.name]  # nothing opened twice
+    finally:
+        pool.close()
+
+
 def test_worker_answers_a_bad_segment_with_an_error_and_stays_up(every_buffer_on_shm):
     from fusion_shim.worker.server import Worker
 

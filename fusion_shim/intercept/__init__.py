@@ -307,7 +307,8 @@ def _wrap_rows(inst: _Installation, rows: list) -> None:
     fast_cells: list[tuple[str, Any]] = []
     for spec in rows:
         try:
-            module = importlib.import_module(spec.module)
+            # D121: NumPy is still initializing here, and importing it again takes its module lock
+            module = sys.modules.get(spec.module) or importlib.import_module(spec.module)
             original = getattr(module, spec.attr)
             check_names(spec, original)
         except (ImportError, AttributeError, TypeError, ValueError) as exc:

@@ -131,7 +131,7 @@ AT_NUMPY = {"fusion_shim", "fusion_shim._hooks", "fusion_shim._native", "fusion_
             "fusion_shim.plan.cells", "fusion_shim.plan.cpuwins", "fusion_shim.plan.margins", "fusion_shim.catalog",
             "fusion_shim.catalog.rows", "fusion_shim.catalog.spec",  # the rules load with the call path (D116)
             "wrapt._wrappers", "wrapt.exceptions",  # wrapt's C types (D112)
-            "__future__", "atexit", "gc", "importlib.util", "importlib._abc"}  # the stdlib's, where NumPy loads none
+            "__future__", "atexit", "gc"}  # the stdlib's, where NumPy loads none
 
 
 def test_importing_numpy_loads_these_modules_beyond_plain_numpy_and_no_others(tmp_path):

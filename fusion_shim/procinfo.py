@@ -12,7 +12,7 @@ def pidns() -> int:
         link = os.readlink("/proc/self/ns/pid")  # "pid:[4026531836]"
     except OSError:
         return 0
-    return int("".join(c for c in link if c.isdigit()) or 0)  # D121: no pattern compiled at NumPy's import
+    return int("".join(c for c in link if c.isdigit()) or 0)  # D123: no pattern compiled at NumPy's import
 
 
 def proc_start(pid: int) -> int | None:

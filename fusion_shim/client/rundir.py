@@ -15,7 +15,7 @@ import sys
 
 from ..procinfo import owner_dead, pidns, proc_start
 
-_RUN = r"run-(\d+)-(\d+)-(\d+)(-.*)?$"  # a second runtime's has a suffix; compiled on use (D121)
+_RUN = r"run-(\d+)-(\d+)-(\d+)(-.*)?$"  # a second runtime's has a suffix; compiled on use (D123)
 
 
 def is_run_socket(url: str) -> bool:
@@ -88,7 +88,7 @@ def new_run_dir(env: dict | None = None) -> tuple[str, str | None]:
 
 
 def run_dir_name(env: dict | None = None) -> str | None:
-    """The directory :func:`new_run_dir` would make for this run, named and not made (D121): None
+    """The directory :func:`new_run_dir` would make for this run, named and not made (D122): None
     where it would fall back (a per-user directory refused or too long, or the name taken)."""
     try:
         path = _run_path(_checked_base(env))

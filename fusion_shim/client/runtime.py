@@ -52,7 +52,7 @@ if TYPE_CHECKING:  # made on first need (D113): their modules load ZeroMQ, msgpa
     from .residency import HashRate, Reuse
 
     # (smallest floor, {op: its floor}, the operators' floors or None): where the floors are
-    # published; for the checker only (D121: typing compiles its string parts at import)
+    # published; for the checker only (D123: typing compiles its string parts at import)
     FloorPublisher = Callable[[int, dict[str, int], "tuple[int, int, int] | None"], None]
 
 
@@ -90,7 +90,7 @@ class Runtime:
         if self.deferred:
             self._gather_evidence()
         self._deferred_dir: str | None = None  # where the deferred worker will listen (children were told)
-        self._deferred_made = False  # whether that directory exists yet (D121)
+        self._deferred_made = False  # whether that directory exists yet (D122)
         # whether `@`, `@=` and `.dot` are intercepted, and why not (note_operators)
         self.operators: dict[str, Any] = {"intercepted": False, "why": "not installed", "fast_path": "wrapt"}
         self.started_wall = time.time()
@@ -200,7 +200,7 @@ class Runtime:
             self.note_startup("worker links", time.perf_counter() - t)
 
     def _made_deferred_dir(self) -> str | None:
-        """The deferred worker's directory, made now if only named (D121); None where that fails:
+        """The deferred worker's directory, made now if only named (D122); None where that fails:
         its link makes a fresh one, and children told the named one then find no worker there."""
         if self._deferred_made:
             return self._deferred_dir
@@ -290,7 +290,7 @@ class Runtime:
         if self.export_env:  # children connect to the worker this process will start, never their own
             from .rundir import new_run_dir, run_dir_name
 
-            # D121: the link's own directory (make_tmpdir), named now for the children, made when it starts
+            # D122: the link's own directory (make_tmpdir), named now for the children, made when it starts
             path = run_dir_name()
             if path is None:
                 path, why = new_run_dir()

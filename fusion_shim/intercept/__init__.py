@@ -25,7 +25,7 @@ import atexit
 import contextlib
 import gc
 import importlib
-import importlib.machinery  # D121: NumPy has loaded it; importlib.util it has not
+import importlib.machinery  # D123: NumPy has loaded it; importlib.util it has not
 import os
 import sys
 import time
@@ -296,7 +296,7 @@ def _patch_rows(inst: _Installation, trigger: str) -> None:
 
 def _findable(name: str) -> bool:
     """Whether the submodule ``name`` of an imported library can be imported: searched on its
-    package's path, as its import would (D121); any other case as ``importlib.util.find_spec``."""
+    package's path, as its import would (D123); any other case as ``importlib.util.find_spec``."""
     parent = sys.modules.get(name.rpartition(".")[0])
     path = getattr(parent, "__path__", None)
     if path is not None and importlib.machinery.PathFinder.find_spec(name, path) is not None:
@@ -320,7 +320,7 @@ def _wrap_rows(inst: _Installation, rows: list) -> None:
     fast_cells: list[tuple[str, Any]] = []
     for spec in rows:
         try:
-            # D121: NumPy is still initializing here, and importing it again takes its module lock
+            # D123: NumPy is still initializing here, and importing it again takes its module lock
             module = sys.modules.get(spec.module) or importlib.import_module(spec.module)
             original = getattr(module, spec.attr)
             check_names(spec, original)

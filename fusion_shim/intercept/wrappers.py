@@ -44,7 +44,7 @@ def _c_only() -> tuple[Any, Any] | None:
     """The extension loaded from the package's directory, the package itself not run; None where
     that cannot be done (the package is then imported)."""
     import importlib
-    import importlib.machinery  # D121: NumPy has loaded it; importlib.util it has not
+    import importlib.machinery  # D123: NumPy has loaded it; importlib.util it has not
 
     if os.environ.get("WRAPT_DISABLE_EXTENSIONS"):
         return None

@@ -13,7 +13,7 @@ from .margins import first_call_margin
 
 class CpuWin:
     """An op a CPU torch worker won against NumPy at every measured size from ``from_bytes`` of input
-    on, by at least ``speedup`` (NumPy's time over the worker kernel's). D121: not a NamedTuple,
+    on, by at least ``speedup`` (NumPy's time over the worker kernel's). D123: not a NamedTuple,
     whose class is made by eval at NumPy's import."""
     __slots__ = ("from_bytes", "op", "speedup")
 

@@ -82,7 +82,7 @@ def _keep_package_function() -> None:
 
 _keep_package_function()
 
-if TYPE_CHECKING:  # D121: the views are for the checker; a Protocol class costs its making at exit
+if TYPE_CHECKING:  # D123: the views are for the checker; a Protocol class costs its making at exit
     from typing import Protocol
 
     from ..plan import Planner

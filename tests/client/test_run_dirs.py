@@ -121,7 +121,7 @@ def test_a_per_user_directory_that_is_not_private_is_refused(tmp_path, how):
 
 
 def test_a_named_run_directory_is_the_one_new_run_dir_would_make_and_is_made_only_when_asked(sock_dir):
-    """D121: a deferred worker's directory is named at NumPy's import (for the children) and made when
+    """D122: a deferred worker's directory is named at NumPy's import (for the children) and made when
     its link is; a name taken meanwhile is not handed out again."""
     env = {"XDG_RUNTIME_DIR": sock_dir}
     name = rundir.run_dir_name(env)

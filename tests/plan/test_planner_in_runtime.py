@@ -702,7 +702,7 @@ def test_without_a_gpu_the_embedded_worker_waits_and_ops_no_cpu_worker_wins_cost
 
 
 def test_a_deferred_workers_directory_is_told_to_children_at_install_and_made_with_its_link(monkeypatch, sock_dir):
-    """D121: under export_env (the launcher, FUSION_SHIM=1) the children learn the deferred worker's
+    """D122: under export_env (the launcher, FUSION_SHIM=1) the children learn the deferred worker's
     URL at NumPy's import; its directory is made when its link is (the evidence's start), not before,
     and a run that never makes the link leaves none to remove at exit."""
     from fusion_shim.client import embedded

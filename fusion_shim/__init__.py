@@ -12,7 +12,8 @@ Programs: ``python -m fusion_shim app.py [args]``, ``python -m fusion_shim -m pk
 ``FUSION_SHIM=1 python app.py`` for any launch.
 
 This module imports only what the interpreter has loaded at start: ``fusion_shim.pth`` imports it
-and runs :func:`_start` in every process that sets ``FUSION_SHIM`` (D111). Its names load on first use.
+and runs :func:`_start` in every process that sets ``FUSION_SHIM`` (D111); the post-import hook
+module loads when NumPy's import begins (D121). Its names load on first use.
 """
 import os
 import sys
@@ -63,13 +64,41 @@ def _start():
         return
     _started = True
     t = time.perf_counter()
-    from . import _hooks
-
     env = {k: os.environ[k] for k in os.environ if k.startswith(_PREFIX)}  # D111: no value decoded but these
     if env:
         _checked_config(env)
-    _hooks.when_imported("numpy", lambda numpy: _install_at_numpy(env))
-    _hooks.SPENT["bootstrap"] = time.perf_counter() - t
+    hook = _AtNumpy(env, time.perf_counter() - t)
+    if "numpy" in sys.modules:  # a sitecustomize that ran late: the hook module's own path, at once
+        hook.arm()
+    else:
+        sys.meta_path.insert(0, hook)
+
+
+class _AtNumpy:
+    """D121: first on ``sys.meta_path`` from the bootstrap until NumPy's import begins; only then is
+    the post-import hook module loaded, its hook registered and the search handed to it."""
+
+    __slots__ = ("env", "spent")
+
+    def __init__(self, env, spent):
+        self.env, self.spent = env, spent
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "numpy":
+            return None
+        return self.arm().find_spec(fullname, path, target)
+
+    def arm(self):
+        """Leave ``sys.meta_path``, register the hook on NumPy; the hook module's finder."""
+        t = time.perf_counter()
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        from . import _hooks
+
+        env = self.env
+        _hooks.SPENT["bootstrap"] = self.spent + time.perf_counter() - t  # before the hook: it may run now
+        _hooks.when_imported("numpy", lambda numpy: _install_at_numpy(env))
+        return _hooks.FINDER
 
 
 def _checked_config(env):

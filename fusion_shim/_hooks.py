@@ -1,8 +1,8 @@
 """Post-import hooks: ``when_imported(name, hook)`` runs ``hook(module)`` right after ``name`` is
 imported, or at once if it already is. Imports only what the interpreter has loaded at start: the
-``.pth`` bootstrap (``fusion_shim._start``) registers its hook on ``numpy`` with it, so that a
-process that never imports NumPy loads this module and the package's ``__init__``, nothing else
-(D111).
+``.pth`` bootstrap (``fusion_shim._start``) loads it when NumPy's import begins and registers its
+hook on ``numpy`` with it, so that a process that never imports NumPy loads the package's
+``__init__`` alone (D111, D121).
 
 One finder sits first on ``sys.meta_path`` while a hook is pending. For a hooked name it asks the
 finders after it for the module's spec and wraps only the spec's loader: the module and its spec
@@ -28,8 +28,8 @@ def when_imported(name, hook):
     hooks = _pending.setdefault(name, [])
     if hook not in hooks:  # registering twice runs it once
         hooks.append(hook)
-    if _FINDER not in sys.meta_path:
-        sys.meta_path.insert(0, _FINDER)
+    if FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, FINDER)
 
 
 def forget(name, hook):
@@ -39,8 +39,8 @@ def forget(name, hook):
         hooks.remove(hook)
     if not hooks:
         _pending.pop(name, None)
-    if not _pending and _FINDER in sys.meta_path:
-        sys.meta_path.remove(_FINDER)
+    if not _pending and FINDER in sys.meta_path:
+        sys.meta_path.remove(FINDER)
 
 
 def _fire(module):
@@ -49,8 +49,8 @@ def _fire(module):
             hook(module)
         except Exception as exc:  # the program's import must not fail for the shim: said, not raised
             sys.stderr.write(f"fusion_shim: hook on {module.__name__} failed: {type(exc).__name__}: {exc}\n")
-    if not _pending and _FINDER in sys.meta_path:
-        sys.meta_path.remove(_FINDER)
+    if not _pending and FINDER in sys.meta_path:
+        sys.meta_path.remove(FINDER)
 
 
 class _Loader:
@@ -96,4 +96,4 @@ class _Finder:
         pass
 
 
-_FINDER = _Finder()
+FINDER = _Finder()

@@ -15,7 +15,7 @@ import sys
 
 from ..procinfo import owner_dead, pidns, proc_start
 
-_RUN = re.compile(r"run-(\d+)-(\d+)-(\d+)(-.*)?$")  # a second runtime's has a suffix
+_RUN = r"run-(\d+)-(\d+)-(\d+)(-.*)?$"  # a second runtime's has a suffix; compiled on use (D123)
 
 
 def is_run_socket(url: str) -> bool:
@@ -23,7 +23,7 @@ def is_run_socket(url: str) -> bool:
     if not url.startswith("ipc://"):
         return False
     name = os.path.basename(os.path.dirname(url[len("ipc://"):]))
-    return bool(_RUN.match(name)) or name.startswith("fusion-shim-")  # new_run_dir's fallback
+    return bool(re.match(_RUN, name)) or name.startswith("fusion-shim-")  # new_run_dir's fallback
 
 
 class RunDirError(OSError):
@@ -71,17 +71,13 @@ def new_run_dir(env: dict | None = None) -> tuple[str, str | None]:
     """A fresh directory for this run's worker, and why the per-user one was not used (or None).
     Leftovers of dead runs are removed first."""
     try:
-        base = private_dir(user_dir(env))
-        longest = len(os.path.join(base, f"run-{pidns()}-{2 ** 22}-{2 ** 40}")) + SOCKET_ROOM
-        if longest > IPC_PATH_MAX:
-            raise RunDirError(f"{base} is too long a path for a socket ({longest} > {IPC_PATH_MAX} bytes)")
+        base = _checked_base(env)
     except (RunDirError, OSError) as exc:
         import tempfile
 
         return tempfile.mkdtemp(prefix="fusion-shim-"), f"{exc}: a fresh private directory is used instead"
     sweep(base)
-    pid = os.getpid()
-    path = os.path.join(base, f"run-{pidns()}-{pid}-{proc_start(pid) or 0}")
+    path = _run_path(base)
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:  # a second runtime in this process (install after uninstall)
@@ -89,6 +85,36 @@ def new_run_dir(env: dict | None = None) -> tuple[str, str | None]:
 
         path = tempfile.mkdtemp(prefix=os.path.basename(path) + "-", dir=base)
     return path, None
+
+
+def run_dir_name(env: dict | None = None) -> str | None:
+    """The directory :func:`new_run_dir` would make for this run, named and not made (D122): None
+    where it would fall back (a per-user directory refused or too long, or the name taken)."""
+    try:
+        path = _run_path(_checked_base(env))
+    except (RunDirError, OSError):
+        return None
+    return None if os.path.lexists(path) else path
+
+
+def make_named(path: str) -> str:
+    """Make the directory :func:`run_dir_name` named, leftovers of dead runs beside it removed first;
+    RunDirError (an OSError) unless it is then this user's private directory."""
+    sweep(os.path.dirname(path))
+    return private_dir(path)
+
+
+def _checked_base(env: dict | None) -> str:
+    base = private_dir(user_dir(env))
+    longest = len(os.path.join(base, f"run-{pidns()}-{2 ** 22}-{2 ** 40}")) + SOCKET_ROOM
+    if longest > IPC_PATH_MAX:
+        raise RunDirError(f"{base} is too long a path for a socket ({longest} > {IPC_PATH_MAX} bytes)")
+    return base
+
+
+def _run_path(base: str) -> str:
+    pid = os.getpid()
+    return os.path.join(base, f"run-{pidns()}-{pid}-{proc_start(pid) or 0}")
 
 
 def sweep(base: str) -> list[str]:
@@ -100,8 +126,9 @@ def sweep(base: str) -> list[str]:
         names = os.listdir(base)
     except OSError:
         return removed
+    run = re.compile(_RUN)
     for name in names:
-        m = _RUN.match(name)
+        m = run.match(name)
         if m is None:
             continue
         ns, pid, start = (int(x) for x in m.groups()[:3])

@@ -51,8 +51,9 @@ if TYPE_CHECKING:  # made on first need (D113): their modules load ZeroMQ, msgpa
     from .link import WorkerLink
     from .residency import HashRate, Reuse
 
-# (smallest floor, {op: its floor}, the operators' floors or None): where the floors are published
-FloorPublisher = Callable[[int, "dict[str, int]", "tuple[int, int, int] | None"], None]
+    # (smallest floor, {op: its floor}, the operators' floors or None): where the floors are
+    # published; for the checker only (D123: typing compiles its string parts at import)
+    FloorPublisher = Callable[[int, dict[str, int], "tuple[int, int, int] | None"], None]
 
 
 class Runtime:
@@ -89,6 +90,7 @@ class Runtime:
         if self.deferred:
             self._gather_evidence()
         self._deferred_dir: str | None = None  # where the deferred worker will listen (children were told)
+        self._deferred_made = False  # whether that directory exists yet (D122)
         # whether `@`, `@=` and `.dot` are intercepted, and why not (note_operators)
         self.operators: dict[str, Any] = {"intercepted": False, "why": "not installed", "fast_path": "wrapt"}
         self.started_wall = time.time()
@@ -198,8 +200,23 @@ class Runtime:
                     # directory is this process's own (a forked child's link must not remove it)
                     first.url = f"ipc://{self._deferred_dir}/worker-0.sock"
                     if os.getpid() == self._pid:
-                        first.tmpdir, self._deferred_dir = self._deferred_dir, None
+                        first.tmpdir, self._deferred_dir = self._made_deferred_dir(), None
             self.note_startup("worker links", time.perf_counter() - t)
+
+    def _made_deferred_dir(self) -> str | None:
+        """The deferred worker's directory, made now if only named (D122); None where that fails:
+        its link makes a fresh one, and children told the named one then find no worker there."""
+        if self._deferred_made:
+            return self._deferred_dir
+        from .rundir import make_named
+
+        try:
+            path = make_named(self._deferred_dir)
+        except OSError as exc:
+            self.ledger.event(f"runtime directory refused: {exc}")
+            return None
+        self._deferred_made = True
+        return path
 
     def _parts(self) -> "CallPath":
         """The call path and the checks (and residency, the wire), made together on first need."""
@@ -275,12 +292,17 @@ class Runtime:
                           "enough to pay its start (FUSION_SHIM_DEVICE=cpu starts it now; "
                           "FUSION_SHIM_WORKER connects to another host's)")
         if self.export_env:  # children connect to the worker this process will start, never their own
-            from .rundir import new_run_dir
+            from .rundir import new_run_dir, run_dir_name
 
-            self._deferred_dir, why = new_run_dir()  # the link's own (make_tmpdir), made before the link is
-            if why:
-                self.ledger.event(f"runtime directory refused: {why}")
-            os.environ["FUSION_SHIM_WORKER"] = f"ipc://{self._deferred_dir}/worker-0.sock"
+            # D122: the link's own directory (make_tmpdir), named now for the children, made when it starts
+            path = run_dir_name()
+            if path is None:
+                path, why = new_run_dir()
+                self._deferred_made = True
+                if why:
+                    self.ledger.event(f"runtime directory refused: {why}")
+            self._deferred_dir = path
+            os.environ["FUSION_SHIM_WORKER"] = f"ipc://{path}/worker-0.sock"
 
     def _evidence_call(self, spec: OpSpec, args: tuple, kwargs: dict, original: Callable) -> Any:
         """D40: a call above an evidence floor while the worker is deferred: computed here, timed and
@@ -339,7 +361,8 @@ class Runtime:
         for link in self._links:
             link.stop()
         if self._deferred_dir is not None and os.getpid() == self._pid:  # told to children, never used
-            _remove_dir(self._deferred_dir)
+            if self._deferred_made:
+                _remove_dir(self._deferred_dir)
             self._deferred_dir = None
         with self._bg_lock:
             if self._bg_queue is not None and self._bg_pid == os.getpid():

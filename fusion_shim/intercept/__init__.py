@@ -24,7 +24,8 @@ import _thread  # D36: threading's locks are these, without loading threading
 import atexit
 import contextlib
 import gc
-import importlib.util
+import importlib
+import importlib.machinery  # D123: NumPy has loaded it; importlib.util it has not
 import os
 import sys
 import time
@@ -285,12 +286,24 @@ def _patch_rows(inst: _Installation, trigger: str) -> None:
             by_module.setdefault(spec.module, []).append(spec)
     for name, rows in by_module.items():
         # one that cannot be found is wrapped now: its rows' ImportError is said at install
-        if name == trigger or name in sys.modules or importlib.util.find_spec(name) is None:
+        if name == trigger or name in sys.modules or not _findable(name):
             _wrap_rows(inst, rows)
             continue
         hook = (lambda module, rows=rows: _wrap_rows_if_installed(inst, rows))
         inst.later.append((name, hook))
         _hooks.when_imported(name, hook)
+
+
+def _findable(name: str) -> bool:
+    """Whether the submodule ``name`` of an imported library can be imported: searched on its
+    package's path, as its import would (D123); any other case as ``importlib.util.find_spec``."""
+    parent = sys.modules.get(name.rpartition(".")[0])
+    path = getattr(parent, "__path__", None)
+    if path is not None and importlib.machinery.PathFinder.find_spec(name, path) is not None:
+        return True
+    from importlib.util import find_spec
+
+    return find_spec(name) is not None
 
 
 def _wrap_rows_if_installed(inst: _Installation, rows: list) -> None:
@@ -307,7 +320,8 @@ def _wrap_rows(inst: _Installation, rows: list) -> None:
     fast_cells: list[tuple[str, Any]] = []
     for spec in rows:
         try:
-            module = importlib.import_module(spec.module)
+            # D123: NumPy is still initializing here, and importing it again takes its module lock
+            module = sys.modules.get(spec.module) or importlib.import_module(spec.module)
             original = getattr(module, spec.attr)
             check_names(spec, original)
         except (ImportError, AttributeError, TypeError, ValueError) as exc:

@@ -43,12 +43,12 @@ def _from_package() -> tuple[Any, Any]:
 def _c_only() -> tuple[Any, Any] | None:
     """The extension loaded from the package's directory, the package itself not run; None where
     that cannot be done (the package is then imported)."""
-    import importlib.machinery
-    import importlib.util
+    import importlib
+    import importlib.machinery  # D123: NumPy has loaded it; importlib.util it has not
 
     if os.environ.get("WRAPT_DISABLE_EXTENSIONS"):
         return None
-    spec = importlib.util.find_spec("wrapt")
+    spec = importlib.machinery.PathFinder.find_spec("wrapt")  # sys.path, as `import wrapt` searches it
     if spec is None or not spec.submodule_search_locations:
         return None
     where = list(spec.submodule_search_locations)[0]
@@ -58,13 +58,15 @@ def _c_only() -> tuple[Any, Any] | None:
         return None
     added: list[str] = []
     # the extension's init imports "wrapt.exceptions", and that import would run the package's
-    # __init__: an unexecuted stand-in holds the name while the two load
-    stand_in = sys.modules["wrapt"] = importlib.util.module_from_spec(spec)
+    # __init__: an unexecuted stand-in, the package's directory its path, holds the name while the two load
+    stand_in = sys.modules["wrapt"] = type(sys)("wrapt")
+    stand_in.__path__ = [where]
     try:
-        exceptions = os.path.join(where, "exceptions.py")
-        if os.path.isfile(exceptions):  # wrapt 2; wrapt 1's extension needs nothing
-            _load_file("wrapt.exceptions", exceptions, added)
-        module = _load_file("wrapt._wrappers", ext, added)
+        names = ("wrapt.exceptions", "wrapt._wrappers") if os.path.isfile(os.path.join(where, "exceptions.py")) \
+            else ("wrapt._wrappers",)  # wrapt 2; wrapt 1's extension needs nothing
+        for name in names:
+            added.append(name)
+            module = importlib.import_module(name)
     except Exception:  # an unexpected wrapt: its package, imported as usual
         for name in added:
             sys.modules.pop(name, None)
@@ -75,17 +77,6 @@ def _c_only() -> tuple[Any, Any] | None:
     # the real package, when imported, finds these in sys.modules without binding them on itself
     _hooks.when_imported("wrapt", lambda pkg: _bind(pkg, added))
     return module.ObjectProxy, module.FunctionWrapper
-
-
-def _load_file(name: str, path: str, added: list[str]) -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    added.append(name)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _bind(package: Any, names: list[str]) -> None:

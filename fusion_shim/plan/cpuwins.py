@@ -7,17 +7,21 @@ Imports only the standard library: the runtime makes it at NumPy's import, when 
 from __future__ import annotations
 
 import _thread  # D36: threading's locks are these, without loading threading
-from typing import NamedTuple
 
 from .margins import first_call_margin
 
 
-class CpuWin(NamedTuple):
+class CpuWin:
     """An op a CPU torch worker won against NumPy at every measured size from ``from_bytes`` of input
-    on, by at least ``speedup`` (NumPy's time over the worker kernel's)."""
-    op: str
-    from_bytes: int
-    speedup: float
+    on, by at least ``speedup`` (NumPy's time over the worker kernel's). D123: not a NamedTuple,
+    whose class is made by eval at NumPy's import."""
+    __slots__ = ("from_bytes", "op", "speedup")
+
+    def __init__(self, op: str, from_bytes: int, speedup: float):
+        self.op, self.from_bytes, self.speedup = op, from_bytes, speedup
+
+    def __repr__(self) -> str:
+        return f"CpuWin({self.op!r}, {self.from_bytes}, {self.speedup})"
 
 
 # D101: measured in float64/complex128, a same-host round trip included; an op missing here did not

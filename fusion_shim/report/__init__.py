@@ -56,7 +56,7 @@ import os
 import re
 import sys
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Protocol, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Sequence, TextIO
 
 # Imported at exit (intercept): nothing loaded here may run exec() or eval() on source text (a
 # dataclass, a namedtuple, statistics), which would make CPython exit with status 1 after an
@@ -83,47 +83,48 @@ def _keep_package_function() -> None:
 
 _keep_package_function()
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # D123: the views are for the checker; a Protocol class costs its making at exit
+    from typing import Protocol
+
     from ..plan import Planner
+
+    class WorkerView(Protocol):
+        """What the report reads of one worker link (client.link.WorkerLink)."""
+        url: str | None
+        embedded: bool
+        state: str
+        ready_after_s: float | None
+        restarts: int
+        info: dict[str, Any]
+        index: int
+        pool: dict[str, Any] | None  # a pool worker's name, node, device (report.pool reads these four too)
+        calls: int
+        calls_since_restart: int
+        bytes_sent: int
+        bytes_received: int
+
+    class RunView(Protocol):
+        """What the report reads of a run (client.runtime.Runtime); it reads only what the run made."""
+        config: Config
+        ledger: Ledger
+        operators: dict[str, Any]
+        deferred: bool  # the embedded worker waits (no GPU here): before it starts, it may have no link
+
+        def deferred_why(self) -> str | None:
+            """Why a deferred embedded worker has not started, or on what evidence it did (None: never deferred)."""
+
+        def made_links(self) -> Sequence[WorkerView]:
+            """The worker links made so far."""
+
+        def made_planner(self) -> "Planner | None":
+            """The planner, if the run has needed it."""
+
+        def worker_drift(self, index: int) -> tuple[float, int]:
+            """(log of the worker's measured speed over its self-benchmark, calls behind it)."""
+
 
 SCHEMA = "fusion_shim.report/1"
 WORKER_PHASES = ("fingerprint", "encode", "send", "transfer", "h2d", "kernel", "d2h", "decode")
-
-
-class WorkerView(Protocol):
-    """What the report reads of one worker link (client.link.WorkerLink)."""
-    url: str | None
-    embedded: bool
-    state: str
-    ready_after_s: float | None
-    restarts: int
-    info: dict[str, Any]
-    index: int
-    pool: dict[str, Any] | None  # a pool worker's name, node, device (report.pool reads these four too)
-    calls: int
-    calls_since_restart: int
-    bytes_sent: int
-    bytes_received: int
-
-
-class RunView(Protocol):
-    """What the report reads of a run (client.runtime.Runtime); it reads only what the run made."""
-    config: Config
-    ledger: Ledger
-    operators: dict[str, Any]
-    deferred: bool  # the embedded worker waits (no GPU here): before it starts, it may have no link
-
-    def deferred_why(self) -> str | None:
-        """Why a deferred embedded worker has not started, or on what evidence it did (None: never deferred)."""
-
-    def made_links(self) -> Sequence[WorkerView]:
-        """The worker links made so far."""
-
-    def made_planner(self) -> "Planner | None":
-        """The planner, if the run has needed it."""
-
-    def worker_drift(self, index: int) -> tuple[float, int]:
-        """(log of the worker's measured speed over its self-benchmark, calls behind it)."""
 
 
 def build(rt: RunView, ledger: Ledger | None = None) -> dict[str, Any]:

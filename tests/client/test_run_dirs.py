@@ -118,3 +118,19 @@ def test_a_per_user_directory_that_is_not_private_is_refused(tmp_path, how):
         assert not path.startswith(str(base)) and stat.S_IMODE(os.stat(path).st_mode) == 0o700
     finally:
         os.rmdir(path)
+
+
+def test_a_named_run_directory_is_the_one_new_run_dir_would_make_and_is_made_only_when_asked(sock_dir):
+    """D122: a deferred worker's directory is named at NumPy's import (for the children) and made when
+    its link is; a name taken meanwhile is not handed out again."""
+    env = {"XDG_RUNTIME_DIR": sock_dir}
+    name = rundir.run_dir_name(env)
+    assert name is not None and not os.path.exists(name)
+    made, why = rundir.new_run_dir(env)
+    try:
+        assert made == name and why is None
+        assert rundir.run_dir_name(env) is None  # taken: the caller falls back to new_run_dir
+    finally:
+        os.rmdir(made)
+    assert rundir.make_named(name) == name and stat.S_IMODE(os.stat(name).st_mode) == 0o700
+    os.rmdir(name)

@@ -1,5 +1,5 @@
 """Start-up: under ``FUSION_SHIM=1`` a process that never imports NumPy loads the package's
-``__init__`` and ``fusion_shim._hooks``, nothing else of the shim; one that imports NumPy loads what
+``__init__``, nothing else of the shim (D121); one that imports NumPy loads what
 interception needs, and the planner, the call path, the worker links and the report load when first
 needed, each one's time a line of the report's start-up. Interception holds wherever and whenever
 NumPy is imported: late, inside a function, in a subprocess, in a forked or spawned child.
@@ -22,6 +22,7 @@ import fusion_shim
 from fusion_shim import _hooks
 
 PY = sys.executable
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(fusion_shim.__file__)))
 TIMEOUT = 300
 # what a process that imports NumPy under the shim loads only on first need, or never
 LATER = ("zmq", "msgpack", "xxhash", "asyncio", "importlib.metadata", "threading", "dataclasses",
@@ -29,7 +30,8 @@ LATER = ("zmq", "msgpack", "xxhash", "asyncio", "importlib.metadata", "threading
          "fusion_shim.plan.calibrate", "fusion_shim.report", "fusion_shim.client.link", "fusion_shim.client.call",
          "fusion_shim.transport", "fusion_shim.protocol", "fusion_shim.catalog.base", "fusion_shim.catalog.linalg")
 # ... and what one that never imports NumPy must not load either
-NEVER_WITHOUT_NUMPY = ("numpy", "wrapt", "fusion_shim.config", "fusion_shim.intercept", "fusion_shim.client",
+NEVER_WITHOUT_NUMPY = ("numpy", "wrapt", "fusion_shim._hooks", "fusion_shim.config", "fusion_shim.intercept",
+                       "fusion_shim.client",
                        "fusion_shim.plan", "fusion_shim.ledger", "fusion_shim.catalog", *LATER)
 MODULES_AT_EXIT = """\
     import atexit, json, sys
@@ -42,7 +44,9 @@ MODULES_NOW = """\
 
 def clean_env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
-    env.pop("PYTHONPATH", None)  # fusion_shim found the way a user's python finds it
+    # the install's fusion_shim.pth runs it, and it imports the package this test imported (a
+    # checkout's, where another copy is installed), found first on the path
+    env["PYTHONPATH"] = ROOT
     env["CUDA_VISIBLE_DEVICES"] = "-1"  # no GPU: the embedded worker under auto is deferred
     env.update(extra)
     return env
@@ -75,18 +79,18 @@ def last_json(r: subprocess.CompletedProcess) -> dict:
 def pth_installed():
     """These tests need the install's fusion_shim.pth (``pip install .`` and ``pip install -e .`` both
     put it in site-packages)."""
-    r = subprocess.run([PY, "-c", "import sys; print('fusion_shim._hooks' in sys.modules)"], capture_output=True,
+    r = subprocess.run([PY, "-c", "import sys; print('fusion_shim' in sys.modules)"], capture_output=True,
                        text=True, timeout=TIMEOUT, env=clean_env(FUSION_SHIM="1"))
     assert r.stdout.strip() == "True", "no fusion_shim.pth in this interpreter's site-packages: reinstall the package"
 
 
 # -- a process that never imports NumPy ----------------------------------------------------------
 
-def test_a_process_that_never_imports_numpy_loads_only_the_hook_module(tmp_path):
+def test_a_process_that_never_imports_numpy_loads_only_the_package_init(tmp_path):
     source = MODULES_AT_EXIT + "    import json, os\n    print(json.dumps({'x': 1}))\n"
     shimmed = modules_printed(run(tmp_path, source))
     plain = modules_printed(run(tmp_path, source, env=clean_env()))
-    assert shimmed - plain == {"fusion_shim", "fusion_shim._hooks"}
+    assert shimmed - plain == {"fusion_shim"}
     assert loaded(shimmed, NEVER_WITHOUT_NUMPY) == []
 
 
@@ -127,7 +131,7 @@ AT_NUMPY = {"fusion_shim", "fusion_shim._hooks", "fusion_shim._native", "fusion_
             "fusion_shim.plan.cells", "fusion_shim.plan.cpuwins", "fusion_shim.plan.margins", "fusion_shim.catalog",
             "fusion_shim.catalog.rows", "fusion_shim.catalog.spec",  # the rules load with the call path (D116)
             "wrapt._wrappers", "wrapt.exceptions",  # wrapt's C types (D112)
-            "__future__", "atexit", "gc", "importlib.util", "importlib._abc"}  # the stdlib's, where NumPy loads none
+            "__future__", "atexit", "gc"}  # the stdlib's, where NumPy loads none
 
 
 def test_importing_numpy_loads_these_modules_beyond_plain_numpy_and_no_others(tmp_path):

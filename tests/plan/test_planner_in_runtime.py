@@ -1,6 +1,7 @@
 """The planner inside the runtime (issue 5): several workers, link measurement at connect, per-op
 floors, calibration on first use with its cache, the residency hook, learning from every call."""
 import os
+import stat
 import subprocess
 import sys
 import threading
@@ -698,6 +699,31 @@ def test_without_a_gpu_the_embedded_worker_waits_and_ops_no_cpu_worker_wins_cost
         assert rt.link.proc is None
     finally:
         fusion_shim.uninstall()
+
+
+def test_a_deferred_workers_directory_is_told_to_children_at_install_and_made_with_its_link(monkeypatch, sock_dir):
+    """D122: under export_env (the launcher, FUSION_SHIM=1) the children learn the deferred worker's
+    URL at NumPy's import; its directory is made when its link is (the evidence's start), not before,
+    and a run that never makes the link leaves none to remove at exit."""
+    from fusion_shim.client import embedded
+
+    monkeypatch.setattr(embedded, "gpu_visible", lambda: False)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", sock_dir)
+    monkeypatch.setenv("FUSION_SHIM_WORKER", "")  # so that the teardown removes what install exports
+    for make_link in (False, True):
+        monkeypatch.delenv("FUSION_SHIM_WORKER")
+        rt = fusion_shim.install(policy="auto", quiet=True, export_env=True)
+        try:
+            told = os.environ["FUSION_SHIM_WORKER"]
+            run = os.path.dirname(told[len("ipc://"):])
+            assert os.path.dirname(run) == os.path.join(sock_dir, "fusion_shim") and not os.path.exists(run)
+            if make_link:
+                link = rt.link  # made on first need, as the evidence's start makes it
+                assert link.state == "deferred" and link.url == told and link.tmpdir == run
+                assert os.path.isdir(run) and stat.S_IMODE(os.stat(run).st_mode) == 0o700
+        finally:
+            fusion_shim.uninstall()
+        assert not os.path.exists(run)
 
 
 def test_device_cpu_or_a_gpu_starts_the_embedded_worker_at_install(monkeypatch):

@@ -69,8 +69,7 @@ def _installed_copy() -> Any:
     """The package imported from a source checkout (``python -m pytest`` in the repository, as CI
     does after ``pip install .``) has no compiled extension beside it; the installed copy of the
     package has one. Load that. ``sys.modules["fusion_shim._native"] = None`` still blocks it."""
-    import importlib.machinery
-    import importlib.util
+    import importlib.machinery  # D123: NumPy has loaded it; importlib.util it has not
     import os
     import sys
 
@@ -85,9 +84,9 @@ def _installed_copy() -> Any:
         for suffix in importlib.machinery.EXTENSION_SUFFIXES:
             path = os.path.join(pkg, "_native" + suffix)
             if os.path.isfile(path):
-                spec = importlib.util.spec_from_file_location(name, path)
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
+                loader = importlib.machinery.ExtensionFileLoader(name, path)
+                module = loader.create_module(importlib.machinery.ModuleSpec(name, loader, origin=path))
+                loader.exec_module(module)
                 sys.modules[name] = module
                 return module
     return None

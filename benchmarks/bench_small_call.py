@@ -193,6 +193,21 @@ def test_small_remote_call_against_a_raw_round_trip(benchmark, workers, case, mo
 def _one_call(rt: Any, url: str, func: Callable, a: np.ndarray, b: np.ndarray) -> tuple[list, bytes]:
     """The frames of one of the shim's own requests, caught on the socket, and the header of the
     worker's reply to it (sent once more on a channel of its own)."""
+    request = caught_request(func, a, b)
+    chan = Channel(url, curve=rt.link.curve)
+    try:
+        from fusion_shim.protocol import messages
+
+        chan.request(messages.hello(0), time.monotonic() + 600)
+        chan.sock.send_multipart(request)
+        reply = chan.sock.recv_multipart()
+    finally:
+        chan.close()
+    return request, reply[0]
+
+
+def caught_request(func: Callable, a: np.ndarray, b: np.ndarray) -> list:
+    """The frames of the shim's request for ``func(a, b)``, caught as they are sent."""
     from fusion_shim import transport
 
     caught: list = []
@@ -207,17 +222,7 @@ def _one_call(rt: Any, url: str, func: Callable, a: np.ndarray, b: np.ndarray) -
         func(a, b)
     finally:
         transport.send_frames = original
-    request = caught[-1]
-    chan = Channel(url, curve=rt.link.curve)
-    try:
-        from fusion_shim.protocol import messages
-
-        chan.request(messages.hello(0), time.monotonic() + 600)
-        chan.sock.send_multipart(request)
-        reply = chan.sock.recv_multipart()
-    finally:
-        chan.close()
-    return request, reply[0]
+    return caught[-1]
 
 
 def _baseline(d: str, transport: str, op: str, n: int, reply_header: bytes) -> tuple[subprocess.Popen, zmq.Socket]:

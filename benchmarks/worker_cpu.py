@@ -29,7 +29,7 @@ TREE = os.path.dirname(HERE)
 sys.path.insert(0, TREE)
 sys.path.insert(0, HERE)
 
-from bench_small_call import CASES, SERVER, _cpu_s
+from bench_small_call import CASES, SERVER, _cpu_s, caught_request
 
 import fusion_shim
 from fusion_shim.protocol import messages
@@ -65,31 +65,18 @@ def _ready(url: str) -> None:
 
 def _record(url: str, op: str, n: int) -> tuple[list, bytes]:
     """The shim's request for one call (caught on the socket) and the worker's reply header."""
-    from fusion_shim import transport
-
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal((n, n)), rng.standard_normal((n, n))) if op == "matmul" else (
         rng.standard_normal(n), rng.standard_normal(n))
     func = np.matmul if op == "matmul" else np.dot
     for _ in range(3):
         func(a, b)
-    caught: list = []
-    original = transport.send_frames
-
-    def catch(sock, frames, prefix=()):
-        caught.append([bytes(memoryview(f)) for f in frames])
-        return original(sock, frames, prefix)
-
-    transport.send_frames = catch
-    try:
-        func(a, b)
-    finally:
-        transport.send_frames = original
+    request = caught_request(func, a, b)
     sock = _dealer(url)
-    sock.send_multipart(caught[-1])
+    sock.send_multipart(request)
     reply = sock.recv_multipart()
     sock.close(0)
-    return caught[-1], reply[0]
+    return request, reply[0]
 
 
 def _keep_segments() -> tuple[list, object]:

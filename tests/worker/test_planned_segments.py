@@ -15,9 +15,10 @@ torch = pytest.importorskip("torch")
 from fusion_shim.protocol import messages, wire
 from fusion_shim.transport import shm
 from fusion_shim.transport.principal import Principal
-from fusion_shim.worker import planned, server
+from fusion_shim.worker import server
 from fusion_shim.worker.backend import TorchBackend
 from fusion_shim.worker.kernels import KERNELS
+from tests.worker.test_planned import _bytes, _count_passes
 
 pytestmark = pytest.mark.skipif(not shm.available(), reason="no /dev/shm on this machine")
 
@@ -67,23 +68,6 @@ def _request(rid: int, a: str, b: str | np.ndarray, **extra) -> list:
         frames.append(b.tobytes())
     full = {"v": wire.VERSION, **header, "out_shm": [None], **extra, "arrays": metas}
     return [msgpack.packb(full), *frames]
-
-
-def _bytes(frames: list) -> list:
-    return [bytes(memoryview(f)) for f in frames]
-
-
-def _count_passes(monkeypatch) -> list:
-    passes: list = []
-    real = planned.answer
-
-    def answer(*args):
-        out = real(*args)
-        passes.append(out is not None)
-        return out
-
-    monkeypatch.setattr(planned, "answer", answer)
-    return passes
 
 
 def _no_plans(w: server.Worker) -> server.Worker:

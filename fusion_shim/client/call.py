@@ -56,7 +56,7 @@ class CallPath:
         self.reuse = reuse  # inputs this process keeps passing to remote candidates
         self._inflight_lock = threading.Lock()
         self.templates: dict[tuple, repeat.Template] = {}  # D45: (op, layout key) -> what its first call made
-        self.repeated = 0  # calls a worker answered that were sent from a template
+        self.repeated = 0  # the run's calls a worker answered that were sent from a template (a cleared ledger forgets)
         # D47: under policy remote, what calls sent from a template leave the planner to learn, in order
         self.unlearnt: deque = deque()
         self._defer_learning = config.policy == "remote"
@@ -100,9 +100,8 @@ class CallPath:
             return rec
         got = self._send(spec, call, decision, prep, rec, wired, t0, tmpl)
         if tmpl is not None:
-            if got.__class__ is Done:
-                rec.repeated = True
-                self.repeated += 1
+            rec.repeated = got.__class__ is Done
+            self.repeated += rec.repeated
         elif fresh and got.__class__ is Done and wired is None and len(self.templates) < repeat.TEMPLATES_MAX:
             made = repeat.make(prep, args, kwargs, call, rec.shapes, rec.dtypes)
             if made is not None:

@@ -466,7 +466,8 @@ class Runtime:
             return self._evidence_call(spec, args, kwargs, original)
         guard.busy = True
         try:
-            got = self._call_path(spec).run(spec, sig, args, kwargs)
+            calls = self._calls if self._calls is not None else self._call_path(spec)
+            got = calls.run(spec, sig, args, kwargs)
         finally:
             guard.busy = False
         if got.__class__ is not Record:
@@ -481,8 +482,8 @@ class Runtime:
         return result
 
     def _call_path(self, spec: OpSpec) -> "CallPath":
-        """The call path; a Ctrl-C while the first call makes it (its modules load then) leaves that
-        call's record, so the report at exit still shows the run."""
+        """The call path, made by the first call; a Ctrl-C while it is made (its modules load then)
+        leaves that call's record, so the report at exit still shows the run."""
         try:
             return self.calls
         except KeyboardInterrupt:

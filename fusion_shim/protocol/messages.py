@@ -133,12 +133,10 @@ def read_timing(reply: dict) -> Timing:
     fingerprint = phases.pop("fingerprint", 0.0)
     kept, evicted = reply.get("kept"), reply.get("evicted")
     metas = reply.get("arrays") or ()
-    return Timing(phases, fingerprint, bool(timing.get("oom_retry")), frozenset(kept) if kept else _NONE_KEPT,
+    return Timing(phases, fingerprint, bool(timing.get("oom_retry")), frozenset(kept) if kept else frozenset(),
                   tuple(evicted) if evicted else (),
                   tuple([m["fp"] if isinstance(m, dict) and m.get("fp") else None for m in metas]), tuple(rejected))
 
-
-_NONE_KEPT: frozenset[str] = frozenset()
 
 
 # --- stages (opt-in: docs/stages.md) --------------------------------------------------------------------

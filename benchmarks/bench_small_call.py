@@ -282,7 +282,12 @@ def _python_floor(sock: zmq.Socket, request: list, ipc: bool) -> Callable[[], An
         send(sock, prefix + msgpack.packb(rid), more, True)
         for i, buf in enumerate(buffers):
             send(sock, buf, more if i < len(buffers) - 1 else 0, True)
-        frames = [recv(sock, 0, False)]
+        while True:  # the socket keeps the shim's receive time-out (its wait's slice): wait on
+            try:
+                frames = [recv(sock, 0, False)]
+                break
+            except zmq.Again:
+                continue
         while frames[-1].more:
             frames.append(recv(sock, 0, False))
         if ipc and peer_uid(frames[0]) not in (me, 0):

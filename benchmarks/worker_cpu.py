@@ -29,7 +29,7 @@ TREE = os.path.dirname(HERE)
 sys.path.insert(0, TREE)
 sys.path.insert(0, HERE)
 
-from bench_small_call import CASES, SERVER, _cpu_s, caught_request
+from bench_small_call import CASES, SERVER, _cpu_s, _dealer, caught_request
 
 import fusion_shim
 from fusion_shim.protocol import messages
@@ -46,13 +46,6 @@ def _worker(tree: str, url: str) -> subprocess.Popen:
     env["PYTHONPATH"] = tree
     return subprocess.Popen([sys.executable, "-m", "fusion_shim", "worker", "--bind", url, "--device", "cpu"],
                             stderr=subprocess.DEVNULL, env=env, cwd=tree)
-
-
-def _dealer(url: str) -> zmq.Socket:
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(url)
-    return sock
 
 
 def _ready(url: str) -> None:

@@ -138,7 +138,6 @@ def read_timing(reply: dict) -> Timing:
                   tuple([m["fp"] if isinstance(m, dict) and m.get("fp") else None for m in metas]), tuple(rejected))
 
 
-
 # --- stages (opt-in: docs/stages.md) --------------------------------------------------------------------
 
 def stage_header(rid: int, fn: dict | None, versions: dict, deadline_s: float) -> dict:

@@ -170,30 +170,35 @@ class Ledger:
             agg[rec.kind] += 1
             agg["bytes_sent"] += rec.bytes_sent
             agg["bytes_received"] += rec.bytes_received
-            agg["shm_sent"] += rec.shm_sent
-            agg["shm_received"] += rec.shm_received
             agg["wall_s"] += rec.wall_s
             phases = agg["phases"]
             for phase, seconds in rec.phases.items():
                 phases[phase] = phases.get(phase, 0.0) + seconds
-            agg["resident_hits"] += rec.resident_hits
-            agg["bytes_saved"] += rec.bytes_saved
-            agg["resends"] += rec.resends
-            agg["evictions"] += rec.evictions
             agg["repeated"] += rec.repeated
+            # the counts most calls leave at zero, added only where one is not
+            if rec.shm_sent or rec.shm_received:
+                agg["shm_sent"] += rec.shm_sent
+                agg["shm_received"] += rec.shm_received
+            if rec.resident_hits or rec.bytes_saved or rec.resends or rec.evictions:
+                agg["resident_hits"] += rec.resident_hits
+                agg["bytes_saved"] += rec.bytes_saved
+                agg["resends"] += rec.resends
+                agg["evictions"] += rec.evictions
             if rec.verify is not None:
                 agg["verified"] += 1
                 agg["mismatches"] += rec.verify != "ok"
             if rec.kind in ("unsupported", "fallback"):
                 agg["reasons"][f"{rec.kind}: {rec.reason}"] += 1
-            site = self.sites.get((rec.site, rec.op))
+            key = (rec.site, rec.op)
+            site = self.sites.get(key)
             if site is None:
-                site = self.sites[(rec.site, rec.op)] = {"site": rec.site, "op": rec.op, "calls": 0, "wall_s": 0.0,
-                                                         "worker": 0, "verify_s": 0.0}
+                site = self.sites[key] = {"site": rec.site, "op": rec.op, "calls": 0, "wall_s": 0.0, "worker": 0,
+                                          "verify_s": 0.0}
             site["calls"] += 1
             site["wall_s"] += rec.wall_s
             site["worker"] += rec.kind == "worker"
-            site["verify_s"] += rec.phases.get("verify", 0.0)
+            if "verify" in rec.phases:
+                site["verify_s"] += rec.phases["verify"]
             if len(self.records) < MAX_RECORDS and site["calls"] <= MAX_PER_SITE:
                 self.records.append(rec)
             else:

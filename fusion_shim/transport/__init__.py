@@ -31,6 +31,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
+import numpy as np
 import zmq
 
 from ..config import SCHEMES  # where settings are checked, before this module (and zmq) loads
@@ -150,22 +151,31 @@ def frame_bytes(frame: Any) -> int:
 _SNDMORE, _POLLIN, _EVENTS = int(zmq.SNDMORE), int(zmq.POLLIN), int(zmq.EVENTS)  # D42: ints, not enums
 _socket_send = zmq.backend.Socket.send  # D42: what zmq.Socket.send calls, past its routing/group checks
 _socket_recv = zmq.backend.Socket.recv
+_ZERO_COPY_MIN = wire.ZERO_COPY_MIN
+_ndarray = np.ndarray
 
 
 def send_frames(sock: zmq.Socket, frames: Sequence[Any], prefix: Sequence[bytes] = ()) -> int:
-    """Send a multipart message; returns the bytes of ``frames`` (the prefix is routing, not payload)."""
-    parts = [*prefix, *frames] if prefix else frames
-    direct = type(sock) is zmq.Socket
-    last = len(parts) - 1
+    """Send a multipart message of one frame or more; returns the bytes of ``frames`` (the prefix is
+    routing, not payload)."""
+    if not frames:
+        raise ValueError("a message has one frame or more")
+    send = _socket_send if type(sock) is zmq.Socket else _send_wrapped
+    last = len(frames) - 1
+    for part in prefix:
+        send(sock, part, _SNDMORE, True)  # a routing id: a few bytes, copied
     total = 0
-    for i, part in enumerate(parts):
-        n = len(part) if type(part) is bytes else frame_bytes(part)
+    for i, part in enumerate(frames):
+        cls = part.__class__
+        n = len(part) if cls is bytes else part.nbytes if cls is _ndarray else frame_bytes(part)
         total += n
-        if direct:
-            _socket_send(sock, part, _SNDMORE if i < last else 0, n < wire.ZERO_COPY_MIN)
-        else:
-            sock.send(part, _SNDMORE if i < last else 0, copy=n < wire.ZERO_COPY_MIN)
-    return total - sum(frame_bytes(p) for p in prefix) if prefix else total
+        send(sock, part, _SNDMORE if i < last else 0, n < _ZERO_COPY_MIN)
+    return total
+
+
+def _send_wrapped(sock: Any, part: Any, flags: int, copy: bool) -> None:
+    """A socket other than ``zmq.Socket`` itself (a subclass, a test's stand-in), through its ``send``."""
+    sock.send(part, flags, copy=copy)
 
 
 def _recv_frames(sock: zmq.Socket) -> list:

@@ -12,6 +12,7 @@ from .. import transport
 from ..catalog import Prepared
 from ..ledger import Record
 from ..protocol import messages, wire
+from ..protocol.skeleton import Skeleton
 from ..transport import shm_client
 from .link import WorkerLink
 from .repeat import Template
@@ -49,8 +50,9 @@ def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
     lane = link.shm()
     if tmpl is not None and (lane is None or tmpl.largest < shm_client.MIN_BYTES):
         req: Any = tmpl.request(link.next_id(), prep, lane.drops() if lane is not None else ())
-        lane = None  # a small call's frames as they are, as the lane sends them (D45)
+        lane, skeleton = None, tmpl.reply  # a small call's frames as they are, as the lane sends them (D45)
     else:
+        skeleton = None
         header = call_header(link.next_id(), prep, keep=wired is not None)
         if wired is None:
             items, fps, refs = [wire.to_wire(a) for a in prep.arrays], None, ()
@@ -58,14 +60,14 @@ def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
             wired.refs = wired.refs_in(link.mirror)
             items, fps, refs = wired.items, wired.fps, wired.refs
         req = messages.Request(header, items, fps, refs, prep.results)
-    reply, arrays, t1 = _exchange(link, chan, req, rec, deadline_s, lane)
+    reply, arrays, t1, timing = _exchange(link, chan, req, rec, deadline_s, lane, skeleton)
     if reply["t"] == "error" and reply.get("kind") == "missing" and wired is not None and wired.refs:
         # the mirror was stale (an eviction it did not hear of, another client): resend by value, once
         link.mirror.discard(reply.get("missing") or ())
         rec.resends += len(wired.refs)
         header["id"] = link.next_id()
         before = chan.last_bytes_sent, chan.last_bytes_received
-        reply, arrays, _ = _exchange(link, chan, req._replace(refs=()), rec, deadline_s, link.shm())
+        reply, arrays, _, timing = _exchange(link, chan, req._replace(refs=()), rec, deadline_s, link.shm())
         chan.last_bytes_sent += before[0]  # both round trips were on the socket
         chan.last_bytes_received += before[1]
         wired.refs = []
@@ -76,7 +78,8 @@ def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
     if reply["t"] != "result":
         raise transport.BadReply(f"a call answered with {reply['t']!r}")
     value = assemble(prep, arrays)
-    timing = messages.read_timing(reply)
+    if timing is None:  # not read from the template's skeleton
+        timing = messages.read_timing(reply)
     if wired is not None:
         _held(link.mirror, wired, timing, arrays, rec)
     t3 = time.perf_counter()
@@ -126,16 +129,16 @@ def _phases(timing: messages.Timing, rec: Record, chan: transport.Channel, link:
     return worker_s.get("kernel")
 
 
-def _exchange(link: WorkerLink, chan: transport.Channel, req: Any, rec: Record,
-              deadline_s: float, lane: Any) -> tuple[dict, list, float]:
-    """One request and its reply; returns (reply, arrays, when encoding ended). On a same-host
-    link the buffers go through shared memory (``lane``, the link's)."""
-    ans = chan.request(req, time.monotonic() + deadline_s, link.watch, lane=lane)
+def _exchange(link: WorkerLink, chan: transport.Channel, req: Any, rec: Record, deadline_s: float, lane: Any,
+              skeleton: Skeleton | None = None) -> tuple[dict, list, float, messages.Timing | None]:
+    """One request and its reply; returns (reply, arrays, when encoding ended, its Timing where the
+    ``skeleton`` read it). On a same-host link the buffers go through shared memory (``lane``, the link's)."""
+    ans = chan.request(req, time.monotonic() + deadline_s, link.watch, lane, skeleton)
     if ans.lane_note:
         link.ledger.event(ans.lane_note)
     rec.shm_sent += ans.shm_sent
     rec.shm_received += ans.shm_received
-    return ans.header, ans.arrays, ans.encoded
+    return ans.header, ans.arrays, ans.encoded, ans.timing
 
 
 def assemble(prep: Prepared, arrays: list) -> Any:

@@ -6,7 +6,8 @@ its arguments (:data:`REPEATABLE`), such a call binds to the same :class:`Prepar
 arrays, and encodes to the same header but for its id. A :class:`Template` keeps both from the
 first call that went to a worker by value (no out=, no finish, every input an argument as given),
 keyed by :func:`layout_key`; the next call with that key skips the binding, the rule, the planner's
-``Call`` and the header's encoding. Its reply is decoded and checked in full, as any call's. A
+``Call`` and the header's encoding. Its reply is read from the template's skeleton of the first
+one where it repeats that one's bytes (D48), else decoded and checked in full, as any call's. A
 call that the shared-memory lane carries is prepared from its template too, and its header encoded
 in full (the lane names its segments there).
 
@@ -24,6 +25,7 @@ import numpy as np
 from .. import plan
 from ..catalog import OpSpec, Prepared
 from ..protocol import messages, wire
+from ..protocol.skeleton import Skeleton
 
 # D45: the rules' module whose rules read only dtypes, shapes, strides and plain arguments (a test
 # checks each of its rows against arrays of the same layout and other values)
@@ -87,6 +89,7 @@ class Template:
         "planned",
         "prefix",
         "prep",
+        "reply",
         "shapes",
         "uses",
         "where",
@@ -105,6 +108,7 @@ class Template:
         self.op_key = (prep.spec.kernel_id, tuple(dtypes))  # what a crash pins (Checks.pinned_reason)
         self.planned: Any = None  # call.Planned, under policy remote: reused for REPRICE_EVERY calls
         self.uses = 0
+        self.reply = Skeleton()   # its replies' header, learnt from the first (D48)
 
     def prepared(self, args: tuple, kwargs: dict) -> Prepared:
         """This call's :class:`Prepared`: the template's, with this call's arrays."""

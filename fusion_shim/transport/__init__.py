@@ -40,6 +40,7 @@ from ..protocol.messages import Request
 from .principal import peer_uid
 
 if TYPE_CHECKING:
+    from ..protocol.skeleton import Skeleton
     from .shm_client import ShmPool
 
 POLL_SLICE_S = 0.05  # how often a waiting client checks that its worker is still there
@@ -198,6 +199,7 @@ class Answer(NamedTuple):
     shm_sent: int           # input bytes that went through shared memory
     shm_received: int       # result bytes that came back that way
     lane_note: str | None   # why a lane that was given carried nothing, if it could not
+    timing: Any = None      # the reply's messages.Timing where a skeleton read it (header: the skeleton's)
 
 
 COMING_MAX_S = 30.0  # D34: a worker starting at the address binds after importing torch, 3.0-3.3 s here
@@ -377,24 +379,26 @@ class Channel:
         return answer
 
     def request(self, req: Request, deadline: float, alive: Callable[[], bool] | None = None,
-                lane: "ShmPool | None" = None) -> "Answer":
+                lane: "ShmPool | None" = None, skeleton: "Skeleton | None" = None) -> "Answer":
         """Send ``req`` and return its decoded reply (the one with its id); raise TransportError.
         ``alive``: False once the worker's process is known gone. With a ``lane``, inputs that are
         not references go into its segments and each declared result is offered a slot; a request
-        without a usable reply retires them. Where ``/dev/shm`` refuses, the socket carries all."""
+        without a usable reply retires them. Where ``/dev/shm`` refuses, the socket carries all.
+        ``skeleton``: the reply is read from it where it repeats the one it learnt (D48), and it
+        learns from the first reply decoded in full."""
         if lane is None:
             staged, frames, note = None, req.frames(), None
         else:
             staged, frames, note = lane.stage(req)
         t = time.perf_counter()
         try:
-            header, arrays = self._roundtrip(req.id, frames, deadline, alive, staged)
+            header, arrays, timing = self._roundtrip(req.id, frames, deadline, alive, staged, skeleton)
         except BaseException:
             if staged is not None:
                 staged.abandon()
             raise
         if staged is None:
-            return Answer(header, arrays, t, 0, 0, note)
+            return Answer(header, arrays, t, 0, 0, note, timing)
         staged.finish(header)
         return Answer(header, arrays, t, staged.sent, staged.received, note)
 
@@ -413,7 +417,7 @@ class Channel:
                           "refused, nothing is sent to it (FUSION_SHIM_WORKER_UID names a uid to trust)")
 
     def _roundtrip(self, rid: int, frames: Sequence[Any], deadline: float, alive: Callable[[], bool] | None,
-                   segments: Any) -> tuple[dict, list]:
+                   segments: Any, skeleton: "Skeleton | None" = None) -> tuple[dict, list, Any]:
         """``segments`` resolves results in shared memory (:mod:`.shm`): only for this request's own
         reply, so a late reply to another is dropped before its arrays are looked at."""
         try:
@@ -430,12 +434,12 @@ class Channel:
             self.last_bytes_sent = send_frames(self.sock, frames)
             self.last_send_s = time.perf_counter() - t
             self.last_bytes_received = 0
-            return self._wait(rid, deadline, alive, mark, segments)
+            return self._wait(rid, deadline, alive, mark, segments, skeleton)
         except zmq.ZMQError as exc:
             raise TransportError(f"socket error: {exc}") from None
 
     def _wait(self, rid: int, deadline: float, alive: Callable[[], bool] | None, mark: int,
-              segments: Any = None) -> tuple[dict, list]:
+              segments: Any = None, skeleton: "Skeleton | None" = None) -> tuple[dict, list, Any]:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -455,6 +459,10 @@ class Channel:
             self.last_bytes_received += sum(map(len, reply))
             if self.peer_uids is not None:
                 self._check_peer(peer_uid(reply[0]))
+            if skeleton is not None:
+                read = skeleton.read(reply, rid)
+                if read is not None:
+                    return read
             try:
                 early = wire.decode_header(reply[0]) if segments is not None else None
                 if early is not None and early["id"] != rid:
@@ -464,7 +472,9 @@ class Channel:
                 raise BadReply(str(exc)) from None
             if header["id"] != rid:
                 continue  # a late reply to a request abandoned earlier: drop it
-            return header, arrays
+            if skeleton is not None and skeleton.learning:
+                skeleton.learn(reply, header, arrays)
+            return header, arrays, None
 
     def _recv(self, timeout_ms: int) -> list:
         """The next message on the data socket, waited for up to ``timeout_ms`` in the receive

@@ -188,8 +188,9 @@ def test_a_template_keeps_no_array_alive():
 @pytest.mark.parametrize("name", ROWS)
 def test_repeated_calls_are_the_librarys(inproc_worker, name, lane, monkeypatch):
     """Differential, repeated: each generated call of the row run twice through the shim (policy
-    remote, residency off: inputs by value), against the library each time; the second is sent
-    from its template where the first made one. ``shm``: every buffer through the shared-memory
+    remote, residency off: inputs by value), against the library each time; the second and the
+    third are sent from its template where the first made one, the third's reply read from the
+    second's skeleton where the socket carries it (D48). ``shm``: every buffer through the shared-memory
     lane, whose calls are prepared from their template and encoded in full."""
     if lane == "shm":
         if not shm.available():
@@ -202,17 +203,20 @@ def test_repeated_calls_are_the_librarys(inproc_worker, name, lane, monkeypatch)
         np.dot(np.ones(2), np.ones(2))
 
         def body(call):
-            outcomes.append(run_call(rt, name, call))
-            outcomes.append(run_call(rt, name, call))
+            for _ in range(3):  # the first makes a template, the second its reply's skeleton (D48)
+                outcomes.append(run_call(rt, name, call))
 
         _generated(name, body)
         repeated = rt.calls.repeated
+        skeletons = sum(t.reply.header is not None for t in rt.calls.templates.values()
+                        if isinstance(t, repeat.Template))
         pool = rt.link.shm()
         staged = pool.stats["bytes_staged"] if pool is not None else 0
     assert outcomes.count("worker") >= EXAMPLES // 2, outcomes
     assert (staged > 0) == (lane == "shm")
     if name != "numpy.linalg.multi_dot":  # its arrays come in a list: never repeated
         assert repeated > 0
+        assert (skeletons > 0) == (lane == "socket")  # the lane's replies are read in full
 
 
 def test_aliased_arguments_take_the_template_apart(inproc_worker):

@@ -184,7 +184,8 @@ class Planner:
                 self.explore_spent_s += max(seconds - decision.local_s, 0.0)
                 self.explored += 1
             model = self.profile.workers[worker]
-            first = model.device.samples(call.op, call.dtype) < FLOORS_AFTER_SAMPLES
+            # counted only where a floor was raised: only then does a first measurement matter
+            first = bool(self.raised) and model.device.samples(call.op, call.dtype) < FLOORS_AFTER_SAMPLES
             if kernel_s is not None and kernel_s > 0:
                 msgs.append(model.device.observe(call.op, call.family, call.dtype, call.flops, kernel_s))
                 msgs.append(model.link.observe(up, down, max(seconds - kernel_s, 1e-6)))

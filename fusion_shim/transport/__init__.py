@@ -152,6 +152,7 @@ def frame_bytes(frame: Any) -> int:
 _SNDMORE, _POLLIN, _EVENTS = int(zmq.SNDMORE), int(zmq.POLLIN), int(zmq.EVENTS)  # D42: ints, not enums
 _socket_send = zmq.backend.Socket.send  # D42: what zmq.Socket.send calls, past its routing/group checks
 _socket_recv = zmq.backend.Socket.recv
+_zmq_poll = zmq.backend.zmq_poll  # D42: getsockopt converts its option to an enum in Python first
 _ZERO_COPY_MIN = wire.ZERO_COPY_MIN
 _ndarray = np.ndarray
 
@@ -248,6 +249,7 @@ class Channel:
         check_url(url)
         self.sock = self.pulse = None
         self.monitors: list[zmq.Socket] = []
+        self._data_events: list = []
         # a request fails once nothing accepted a connection this long (inproc has no monitor to say)
         self.give_up_s = None if url.startswith("inproc://") else give_up_s
         self.coming = coming
@@ -296,6 +298,7 @@ class Channel:
             ]
             for mon in self.monitors:
                 mon.setsockopt(zmq.LINGER, 0)
+            self._data_events = [(self.monitors[0], _POLLIN)]  # D42: polled before each request
         for sock in (self.sock, self.pulse):
             if sock is None:
                 continue
@@ -422,8 +425,8 @@ class Channel:
         reply, so a late reply to another is dropped before its arrays are looked at."""
         try:
             # what the data socket's monitor says before the request leaves is not about it
-            # (D42: one getsockopt when it has nothing); a connection known to be down cannot carry it
-            if self.monitors and self.monitors[0].getsockopt(_EVENTS) & _POLLIN:
+            # (D42: one poll when it has nothing); a connection known to be down cannot carry it
+            if self._data_events and _zmq_poll(self._data_events, 0):
                 self._events(data_only=True)
             mark = self.disconnects
             if self.handshakes and not self.up:

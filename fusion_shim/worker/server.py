@@ -167,7 +167,9 @@ class Worker:
 
     def count(self, principal: Principal, bytes_in: int, bytes_out: int) -> None:
         """A call message answered for ``principal``: its bytes each way."""
-        t = self.traffic.setdefault(principal.name, {"calls": 0, "bytes_in": 0, "bytes_out": 0})
+        t = self.traffic.get(principal.name)
+        if t is None:
+            t = self.traffic[principal.name] = {"calls": 0, "bytes_in": 0, "bytes_out": 0}
         t["calls"] += 1
         t["bytes_in"] += bytes_in
         t["bytes_out"] += bytes_out

@@ -20,6 +20,7 @@ import zmq
 import fusion_shim
 from fusion_shim import transport
 from fusion_shim.protocol import messages, wire
+from fusion_shim.protocol.skeleton import Skeleton
 from fusion_shim.intercept import bypassed
 
 from tests.helpers import faultlab as _faultlab
@@ -327,27 +328,36 @@ def test_wrong_answers_from_a_worker_are_computed_locally(fake):
 REPEATED_BAD = ("garbage", "wrong_shape", "wrong_dtype", "two_results", "short_buffer", "wrong_version", "error")
 
 
-def test_wrong_answers_to_repeated_calls_are_computed_locally(fake):
+def test_wrong_answers_to_repeated_calls_are_computed_locally(fake, monkeypatch):
     """D48: a template's calls, their replies read from its skeleton once one is learnt; a reply
     that is not the skeleton's is decoded in full and refused there, as any call's."""
+    read, reads = Skeleton.read, []
+
+    def counted(self, frames, rid):
+        got = read(self, frames, rid)
+        reads.append(got is not None)
+        return got
+
+    monkeypatch.setattr(Skeleton, "read", counted)
     rt = install(fake.url, timeout=5.0, ready_timeout=10.0, residency=False)
     assert rt.link.wait_ready(READY_S), events(rt)
     for seed in range(3):
         a, b, want = operands(500 + seed, n=30, m=20)
         np.testing.assert_allclose(np.matmul(a, b), want, rtol=1e-12)
         assert records(rt)[-1].kind == "worker"
-    (tmpl,) = [t for t in rt.calls.templates.values() if not isinstance(t, str)]
-    assert tmpl.reply.header is not None  # the third call's reply was read from it
+    assert reads == [False, True]  # the second call's reply taught it, the third's was read from it
     for i, mode in enumerate(REPEATED_BAD):
         fake.mode = mode
         a, b, want = operands(600 + i, n=30, m=20)
         np.testing.assert_array_equal(np.matmul(a, b), want)
+        assert reads[-1] is False, mode  # not read from the skeleton: decoded in full
         rec = records(rt)[-1]
         assert rec.kind == "fallback" and rec.reason.startswith(BAD_REPLIES[mode]), (mode, rec)
         fake.mode = "ok"
         assert rt.link.wait_ready(READY_S), (mode, events(rt))
         np.testing.assert_allclose(np.matmul(a, b), want, rtol=1e-12)
         assert records(rt)[-1].kind == "worker" and records(rt)[-1].repeated, (mode, records(rt)[-1])
+        assert reads[-1] is True, mode
 
 
 def test_replies_are_matched_by_id(fake):

@@ -55,9 +55,12 @@ def _mixed_cases(seed: int, n: int) -> list[tuple]:
     return cases
 
 
-def test_eight_threads_two_hundred_mixed_calls_each(inproc_worker):
+@pytest.mark.parametrize("residency", [True, False], ids=["residency", "templates"])
+def test_eight_threads_two_hundred_mixed_calls_each(inproc_worker, residency):
+    """``templates``: residency off, so the threads' repeated layouts share templates and their
+    replies' skeletons (D45, D48), learnt by one thread while others read them."""
     per_thread = [_mixed_cases(100 + t, 200) for t in range(8)]  # expected answers: NumPy's, before the shim
-    rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True, timeout=60.0)
+    rt = fusion_shim.install(policy="remote", worker=inproc_worker, quiet=True, timeout=60.0, residency=residency)
     assert rt.link.wait_ready(READY_S), events(rt)
     wrong, raised, channels = [], [], {}
     barrier = threading.Barrier(8)
@@ -84,6 +87,9 @@ def test_eight_threads_two_hundred_mixed_calls_each(inproc_worker):
     assert sum(o["calls"] for o in snap.values()) == 1600  # nothing lost from the ledger either
     assert sum(o["worker"] for o in snap.values()) == 1600, {k: o["reasons"] for k, o in snap.items()}
     assert len({id(c) for c in channels.values()}) == 8  # one connection per thread
+    if not residency:
+        learnt = [t for t in rt.calls.templates.values() if not isinstance(t, str) and t.reply.header is not None]
+        assert rt.calls.repeated > 0 and learnt
 
 
 # -- fork: a child computes through the shim with its own connection ---------------------------------------------

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import msgpack
 import numpy as np
 
-from . import messages
+from . import messages, wire
 
 PLAIN_KEYS = frozenset(("v", "t", "id", "timing", "evicted", "kept", "arrays"))  # as the worker's planned replies
-PLAIN_META = frozenset(("dtype", "shape", "order"))
 HEADER_MAX = 4096  # bytes: a larger header is decoded every time
 LEARN_TRIES = 3    # replies offered to learn from before giving up (one is enough: a template's are alike)
 _inf = math.inf
@@ -73,9 +72,9 @@ class Skeleton:
             return
         if not all(k in messages.WORKER_PHASES and type(v) is float and 0 <= v < _inf for k, v in timing.items()):
             return
-        if not all(type(m) is dict and PLAIN_META.issuperset(m) for m in metas):
+        if not all(type(m) is dict and wire.PLAIN_META.issuperset(m) for m in metas):
             return
-        raw = bytes(_view(frames[0]))
+        raw = bytes(wire.frame_view(frames[0]))
         pre, fixed, piece = b"", [], b""
         for key, value in header.items():
             if key == "id":
@@ -109,7 +108,7 @@ class Skeleton:
         if st is None:
             st = learnt.structs[len(idb)] = struct.Struct(
                 f">{len(fixed[0])}s{len(idb)}s" + "".join(f"{len(f)}sd" for f in fixed[1:-1]) + f"{len(fixed[-1])}s")
-        raw = _view(frames[0])
+        raw = wire.frame_view(frames[0])
         if raw.nbytes != st.size:
             return None
         vals = st.unpack(raw)  # (pre, id, fixed, time, fixed, ..., time, fixed)
@@ -120,7 +119,7 @@ class Skeleton:
             return None
         arrays = []
         for frame, (dt, shape, order, nbytes) in zip(frames[1:], learnt.frames):
-            buf = _view(frame)
+            buf = wire.frame_view(frame)
             if buf.nbytes != nbytes:
                 return None
             # as wire.decode lays it out: one view over the frame (or a fresh empty array)
@@ -129,7 +128,3 @@ class Skeleton:
         timing = messages.Timing(dict(zip(learnt.keys, times)), 0.0, False, _NOTHING_KEPT, (), learnt.views)
         return learnt.header, arrays, timing
 
-
-def _view(frame: Any) -> memoryview:
-    buf = getattr(frame, "buffer", None)  # zmq.Frame
-    return buf if buf is not None else memoryview(frame)

@@ -110,6 +110,7 @@ MESSAGE_TYPES = ("hello", "ready", "call", "result", "error", "stats", "stage")
 ERROR_KINDS = ("bad_request", "version", "unknown_op", "kernel_error", "out_of_memory", "missing", "busy",
                "unhealthy", "refused", "code_missing")
 FP_LEN = 32  # hex digits of an xxh3-128 fingerprint
+PLAIN_META = frozenset(("dtype", "shape", "order"))  # the meta of an array in its frame, untagged
 
 
 class Ref(NamedTuple):
@@ -191,13 +192,14 @@ def encode_wired(header: dict, wired: Sequence[tuple[dict, Any]], fps: Sequence[
     return [msgpack.packb(full, use_bin_type=True), *bufs]
 
 
-def _frame_bytes(frame: Any) -> memoryview:
+def frame_view(frame: Any) -> memoryview:
+    """A frame's bytes, not copied: a ``zmq.Frame``'s buffer, or a memoryview of bytes or a buffer."""
     buf = getattr(frame, "buffer", None)  # zmq.Frame
     return buf if buf is not None else memoryview(frame)
 
 
 def decode_header(frame: Any) -> dict:
-    raw = _frame_bytes(frame)
+    raw = frame_view(frame)
     if raw.nbytes > MAX_HEADER:
         raise WireError(f"header of {raw.nbytes} bytes exceeds {MAX_HEADER}")
     try:
@@ -225,7 +227,7 @@ def may_be_stage(frame: Any) -> bool:
     """Whether a header frame may be a ``stage`` request, without decoding it: its type as this
     package encodes it. A false yes is decoded and found not a stage; a stage encoded otherwise
     is refused by the call path, never run."""
-    raw = _frame_bytes(frame)
+    raw = frame_view(frame)
     return raw.nbytes <= MAX_HEADER and _STAGE_TYPE in raw.tobytes()
 
 
@@ -298,7 +300,7 @@ def decode(frames: Sequence[Any], max_bytes: int = 1 << 40, segments: Any = None
         raise WireError("'arrays' must be a list")
     if len(metas) > MAX_FRAMES - 1:
         raise WireError(f"{len(metas)} array metas, over the limit of {MAX_FRAMES - 1}")
-    bufs = [_frame_bytes(f) for f in frames[1:]]
+    bufs = [frame_view(f) for f in frames[1:]]
     is_ref = [isinstance(m, dict) and m.get("ref") is True for m in metas]
     is_shm = [isinstance(m, dict) and "shm" in m for m in metas]
     if header["t"] not in ("call", "stage") and any(is_ref):
@@ -364,7 +366,7 @@ def _plain_arrays(frames: Sequence[Any], metas: Any, max_bytes: int) -> list | N
             nbytes *= d
         if "fp" in meta and not _is_fp(meta["fp"]):
             return None
-        buf = _frame_bytes(frame)
+        buf = frame_view(frame)
         if buf.nbytes != nbytes:
             return None
         total += nbytes

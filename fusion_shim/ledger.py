@@ -10,6 +10,7 @@ import os
 import sys
 import time
 from collections import Counter, defaultdict
+from operator import add as _add
 from typing import Any, Callable
 
 MAX_RECORDS = 10_000  # full records kept in all
@@ -93,17 +94,27 @@ def call_site(depth: int = 2) -> str:
     frame = sys._getframe(depth)
     library = _library
     while frame is not None:
-        filename = frame.f_code.co_filename
+        code = frame.f_code
+        filename = code.co_filename
         known = library.get(filename)
         if known is None:
             known = library[filename] = _is_library(filename)
         if not known:
-            return f"{filename}:{frame.f_lineno}"
+            # D49: a frame's line is read off its code's line table from the start: made once per place
+            key = (id(code), frame.f_lasti)
+            made = _sites.get(key)
+            if made is None or made[0] is not code:
+                made = (code, f"{filename}:{frame.f_lineno}")
+                if len(_sites) < SITES_MAX:
+                    _sites[key] = made
+            return made[1]
         frame = frame.f_back
     return "?"
 
 
 _library: dict[str, bool] = {}  # by file name: whether its frames are skipped (a program has few files)
+SITES_MAX = 4096  # places whose file:line is kept: (id of the code, instruction offset) -> (the code, its site)
+_sites: dict[tuple[int, int], tuple[Any, str]] = {}
 
 
 def _is_library(filename: str) -> bool:
@@ -171,9 +182,13 @@ class Ledger:
             agg["bytes_sent"] += rec.bytes_sent
             agg["bytes_received"] += rec.bytes_received
             agg["wall_s"] += rec.wall_s
-            phases = agg["phases"]
-            for phase, seconds in rec.phases.items():
-                phases[phase] = phases.get(phase, 0.0) + seconds
+            # D49: per tuple of phase names (an op's calls mostly have one), the sums of their seconds
+            by_names, names = agg["phases"], tuple(rec.phases)
+            sums = by_names.get(names)
+            if sums is None:
+                by_names[names] = list(rec.phases.values())
+            else:
+                sums[:] = map(_add, sums, rec.phases.values())
             agg["repeated"] += rec.repeated
             # the counts most calls leave at zero, added only where one is not
             if rec.shm_sent or rec.shm_received:
@@ -216,7 +231,7 @@ class Ledger:
     def _ops_locked(self) -> dict[str, dict[str, Any]]:
         ops = {}
         for name, agg in sorted(self.ops.items()):
-            ops[name] = {**agg, "reasons": dict(agg["reasons"]), "phases": dict(agg["phases"])}
+            ops[name] = {**agg, "reasons": dict(agg["reasons"]), "phases": _phase_sums(agg["phases"])}
         below = {name: n for name, (n,) in self.fast_path.items()}
         for read, _ in self.counters:
             for name, n in read().items():
@@ -237,6 +252,18 @@ class Ledger:
                 "records_dropped": self.dropped,
                 "startup": dict(self.startup),
             }
+
+
+def _phase_sums(by_names: dict[tuple, list]) -> dict[str, float]:
+    """An op's seconds per phase, from its sums per tuple of phase names."""
+    if len(by_names) == 1:
+        [(names, sums)] = by_names.items()
+        return dict(zip(names, sums))
+    out: dict[str, float] = {}
+    for names, sums in by_names.items():
+        for name, seconds in zip(names, sums):
+            out[name] = out.get(name, 0.0) + seconds
+    return out
 
 
 def _new_op() -> dict[str, Any]:

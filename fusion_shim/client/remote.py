@@ -60,14 +60,14 @@ def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
             wired.refs = wired.refs_in(link.mirror)
             items, fps, refs = wired.items, wired.fps, wired.refs
         req = messages.Request(header, items, fps, refs, prep.results)
-    reply, arrays, t1, timing = _exchange(link, chan, req, rec, deadline_s, lane, skeleton)
+    reply, arrays, t1, timing, learn_from = _exchange(link, chan, req, rec, deadline_s, lane, skeleton)
     if reply["t"] == "error" and reply.get("kind") == "missing" and wired is not None and wired.refs:
         # the mirror was stale (an eviction it did not hear of, another client): resend by value, once
         link.mirror.discard(reply.get("missing") or ())
         rec.resends += len(wired.refs)
         header["id"] = link.next_id()
         before = chan.last_bytes_sent, chan.last_bytes_received
-        reply, arrays, _, timing = _exchange(link, chan, req._replace(refs=()), rec, deadline_s, link.shm())
+        reply, arrays, _, timing, _ = _exchange(link, chan, req._replace(refs=()), rec, deadline_s, link.shm())
         chan.last_bytes_sent += before[0]  # both round trips were on the socket
         chan.last_bytes_received += before[1]
         wired.refs = []
@@ -77,9 +77,12 @@ def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
         raise WorkerFault(f"worker raised {reply.get('exc')} ({reply.get('kind')}): {reply.get('msg')}"[:300])
     if reply["t"] != "result":
         raise transport.BadReply(f"a call answered with {reply['t']!r}")
-    value = assemble(prep, arrays)
-    if timing is None:  # not read from the template's skeleton
+    # D49: a reply read from the template's skeleton has the results of one accepted here
+    value = assemble(prep, arrays, checked=timing is not None)
+    if timing is None:
         timing = messages.read_timing(reply)
+        if learn_from is not None:
+            skeleton.learn(learn_from, reply, arrays)
     if wired is not None:
         _held(link.mirror, wired, timing, arrays, rec)
     t3 = time.perf_counter()
@@ -130,26 +133,23 @@ def _phases(timing: messages.Timing, rec: Record, chan: transport.Channel, link:
 
 
 def _exchange(link: WorkerLink, chan: transport.Channel, req: Any, rec: Record, deadline_s: float, lane: Any,
-              skeleton: Skeleton | None = None) -> tuple[dict, list, float, messages.Timing | None]:
+              skeleton: Skeleton | None = None) -> tuple[dict, list, float, messages.Timing | None, Any]:
     """One request and its reply; returns (reply, arrays, when encoding ended, its Timing where the
-    ``skeleton`` read it). On a same-host link the buffers go through shared memory (``lane``, the link's)."""
+    ``skeleton`` read it, its frames where the skeleton may learn from it). On a same-host link the
+    buffers go through shared memory (``lane``, the link's)."""
     ans = chan.request(req, time.monotonic() + deadline_s, link.watch, lane, skeleton)
     if ans.lane_note:
         link.ledger.event(ans.lane_note)
     rec.shm_sent += ans.shm_sent
     rec.shm_received += ans.shm_received
-    return ans.header, ans.arrays, ans.encoded, ans.timing
+    return ans.header, ans.arrays, ans.encoded, ans.timing, ans.learn_from
 
 
-def assemble(prep: Prepared, arrays: list) -> Any:
-    """NumPy's return value from the worker's arrays, after checking each is what NumPy returns."""
-    if len(arrays) != len(prep.results):
-        raise transport.BadReply(f"{len(arrays)} results, expected {len(prep.results)}")
-    for arr, (dtype, shape), layout in zip(arrays, prep.results, prep.layouts):
-        if isinstance(layout, list):  # travels transposed to that axis order (worker.kernels)
-            shape = tuple(shape[i] for i in layout)
-        if arr.dtype != dtype or arr.shape != shape:
-            raise transport.BadReply(f"result {arr.dtype}{list(arr.shape)}, expected {dtype}{list(shape)}")
+def assemble(prep: Prepared, arrays: list, checked: bool = False) -> Any:
+    """NumPy's return value from the worker's arrays, after checking each is what NumPy returns
+    (``checked``: read from a skeleton of a reply whose results were)."""
+    if not checked:
+        _check_results(prep, arrays)
     # a small frame can land unaligned; the copy keeps its memory order (an F result stays F)
     arrays = [a if a.flags.aligned else a.copy(order="K") for a in arrays]
     arrays = [a.transpose(np.argsort(lay)) if isinstance(lay, list) else a
@@ -165,6 +165,16 @@ def assemble(prep: Prepared, arrays: list) -> Any:
     if prep.scalar_0d and result.ndim == 0:
         return result[()]
     return result
+
+
+def _check_results(prep: Prepared, arrays: list) -> None:
+    if len(arrays) != len(prep.results):
+        raise transport.BadReply(f"{len(arrays)} results, expected {len(prep.results)}")
+    for arr, (dtype, shape), layout in zip(arrays, prep.results, prep.layouts):
+        if isinstance(layout, list):  # travels transposed to that axis order (worker.kernels)
+            shape = tuple(shape[i] for i in layout)
+        if arr.dtype != dtype or arr.shape != shape:
+            raise transport.BadReply(f"result {arr.dtype}{list(arr.shape)}, expected {dtype}{list(shape)}")
 
 
 def _result_type(name: str) -> type:

@@ -175,9 +175,9 @@ class RateModel:
                 self.drift_n += 1
                 self.drift += (min(max(x - base, -MAX_DRIFT), MAX_DRIFT) - self.drift) / min(self.drift_n, EWMA_AFTER)
         if st.n >= 2 and not force:  # the first sample of a size is often a cold one (page faults): not a yardstick yet
-            # D44: a bucket of one size only (a loop's calls) is read at the call's own size
-            here = self._base(op, family, dtype, lf)[0]
-            expected = st.mean + here - (here if st.lf == lf else self._base(op, family, dtype, st.lf)[0])
+            # D44: a bucket of one size only (a loop's calls) is its own expectation at that size
+            expected = st.mean if st.lf == lf else (
+                st.mean + self._base(op, family, dtype, lf)[0] - self._base(op, family, dtype, st.lf)[0])
             if abs(x - expected) > ERROR_LOG:
                 st.errors += 1
                 if st.errors >= st.n:

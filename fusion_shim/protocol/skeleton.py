@@ -3,13 +3,14 @@
 The replies to a template's calls (:mod:`fusion_shim.client.repeat`) are one header with another
 id and other seconds in ``timing``: the worker builds them from the same bytes
 (:mod:`fusion_shim.worker.planned`), and its frames have the same sizes. A :class:`Skeleton` keeps
-the first such reply's header cut around those values, once the full decode accepted it, and only
-where that header is exactly what ``msgpack.packb`` makes of its items in their order (so the cut
-is at the values' own bytes). A later reply is read from it where its header is those bytes with
-the request's id and float64 seconds that are each finite and >= 0, and its frames are the sizes
-its metas declare: it decodes to the skeleton's header with that id and those times, which the
-full decode accepts and reads the same (``read_timing`` keeps every such time). Anything else is
-decoded in full.
+the first such reply's header cut around those values, once the full decode and the caller's
+checks of its results accepted it, and only where that header is exactly what ``msgpack.packb``
+makes of its items in their order (so the cut is at the values' own bytes). A later reply is read
+from it where its header is those bytes with the request's id and float64 seconds that are each
+finite and >= 0, and its frames are the sizes its metas declare: it decodes to the skeleton's
+header with that id and those times, which the full decode accepts and reads the same
+(``read_timing`` keeps every such time), and its results are of the dtypes and shapes accepted
+before. Anything else is decoded in full.
 """
 from __future__ import annotations
 

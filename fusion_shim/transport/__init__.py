@@ -201,6 +201,7 @@ class Answer(NamedTuple):
     shm_received: int       # result bytes that came back that way
     lane_note: str | None   # why a lane that was given carried nothing, if it could not
     timing: Any = None      # the reply's messages.Timing where a skeleton read it (header: the skeleton's)
+    learn_from: Any = None  # the reply's frames where the skeleton is learning, for it to learn once accepted
 
 
 COMING_MAX_S = 30.0  # D34: a worker starting at the address binds after importing torch, 3.0-3.3 s here
@@ -387,21 +388,22 @@ class Channel:
         ``alive``: False once the worker's process is known gone. With a ``lane``, inputs that are
         not references go into its segments and each declared result is offered a slot; a request
         without a usable reply retires them. Where ``/dev/shm`` refuses, the socket carries all.
-        ``skeleton``: the reply is read from it where it repeats the one it learnt (D48), and it
-        learns from the first reply decoded in full."""
+        ``skeleton``: the reply is read from it where it repeats the one it learnt (D48); while it
+        is learning, a reply decoded in full comes back with its frames, for the caller to offer it
+        once the result is accepted."""
         if lane is None:
             staged, frames, note = None, req.frames(), None
         else:
             staged, frames, note = lane.stage(req)
         t = time.perf_counter()
         try:
-            header, arrays, timing = self._roundtrip(req.id, frames, deadline, alive, staged, skeleton)
+            header, arrays, timing, learn_from = self._roundtrip(req.id, frames, deadline, alive, staged, skeleton)
         except BaseException:
             if staged is not None:
                 staged.abandon()
             raise
         if staged is None:
-            return Answer(header, arrays, t, 0, 0, note, timing)
+            return Answer(header, arrays, t, 0, 0, note, timing, learn_from)
         staged.finish(header)
         return Answer(header, arrays, t, staged.sent, staged.received, note)
 
@@ -420,7 +422,7 @@ class Channel:
                           "refused, nothing is sent to it (FUSION_SHIM_WORKER_UID names a uid to trust)")
 
     def _roundtrip(self, rid: int, frames: Sequence[Any], deadline: float, alive: Callable[[], bool] | None,
-                   segments: Any, skeleton: "Skeleton | None" = None) -> tuple[dict, list, Any]:
+                   segments: Any, skeleton: "Skeleton | None" = None) -> tuple[dict, list, Any, Any]:
         """``segments`` resolves results in shared memory (:mod:`.shm`): only for this request's own
         reply, so a late reply to another is dropped before its arrays are looked at."""
         try:
@@ -442,7 +444,7 @@ class Channel:
             raise TransportError(f"socket error: {exc}") from None
 
     def _wait(self, rid: int, deadline: float, alive: Callable[[], bool] | None, mark: int,
-              segments: Any = None, skeleton: "Skeleton | None" = None) -> tuple[dict, list, Any]:
+              segments: Any = None, skeleton: "Skeleton | None" = None) -> tuple[dict, list, Any, Any]:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -465,7 +467,7 @@ class Channel:
             if skeleton is not None:
                 read = skeleton.read(reply, rid)
                 if read is not None:
-                    return read
+                    return (*read, None)
             try:
                 early = wire.decode_header(reply[0]) if segments is not None else None
                 if early is not None and early["id"] != rid:
@@ -475,9 +477,7 @@ class Channel:
                 raise BadReply(str(exc)) from None
             if header["id"] != rid:
                 continue  # a late reply to a request abandoned earlier: drop it
-            if skeleton is not None and skeleton.learning:
-                skeleton.learn(reply, header, arrays)
-            return header, arrays, None
+            return header, arrays, None, reply if skeleton is not None and skeleton.learning else None
 
     def _recv(self, timeout_ms: int) -> list:
         """The next message on the data socket, waited for up to ``timeout_ms`` in the receive

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import types
 
 import numpy as np
 import pytest
@@ -341,6 +342,30 @@ def test_call_sites_are_keyed_by_line_and_op(shim):
     assert here == want, rep["sites"]
     shown = [l for l in format_table(rep).splitlines() if l.endswith(line)]
     assert len(shown) == 4 and all(" 3 calls" in l for l in shown), shown
+
+
+def test_a_call_site_is_its_frames_line_when_made_once_per_place():
+    """D49: the site is kept per code object and instruction: each place its own line, a new code
+    object made after another was freed (at its address, maybe) its own."""
+    from fusion_shim import ledger
+
+    def where() -> str:
+        return ledger.call_site(2)
+
+    def caller() -> list[str]:
+        return [where(), where(),
+                where()]
+
+    first, second, third = caller()
+    line = caller.__code__.co_firstlineno
+    assert (first, second, third) == (f"{__file__}:{line + 1}",) * 2 + (f"{__file__}:{line + 2}",)
+    assert caller() == [first, second, third]  # kept: the same strings
+    made = []
+    for body in ("\n\nx = site()", "x = site()"):  # the first freed before the second is made
+        scope = {"site": where}
+        types.FunctionType(compile(body, "made.py", "exec"), scope)()  # a module's code, run in scope
+        made.append(scope["x"])
+    assert made == ["made.py:3", "made.py:1"]
 
 
 def test_the_report_loads_its_pool_and_stages_parts_only_for_a_run_that_has_them(tmp_path):

@@ -360,6 +360,38 @@ def test_wrong_answers_to_repeated_calls_are_computed_locally(fake, monkeypatch)
         assert reads[-1] is True, mode
 
 
+@pytest.mark.parametrize("mode", ["wrong_shape", "wrong_dtype"])
+def test_a_skeleton_learns_only_from_an_accepted_result(fake, monkeypatch, mode):
+    """D48: a reply read from a skeleton skips the result checks, so a skeleton learns only from a
+    reply that passed them: a template whose every reply has the wrong results never gets one."""
+    read, reads = Skeleton.read, []
+
+    def counted(self, frames, rid):
+        got = read(self, frames, rid)
+        reads.append(got is not None)
+        return got
+
+    monkeypatch.setattr(Skeleton, "read", counted)
+    rt = install(fake.url, timeout=5.0, ready_timeout=10.0, residency=False)
+    assert rt.link.wait_ready(READY_S), events(rt)
+    a, b, want = operands(700, n=30, m=20)
+    np.testing.assert_allclose(np.matmul(a, b), want, rtol=1e-12)  # makes the template
+    fake.mode = mode
+    for seed in range(4):
+        a, b, want = operands(710 + seed, n=30, m=20)
+        np.testing.assert_array_equal(np.matmul(a, b), want)
+        rec = records(rt)[-1]
+        assert rec.kind == "fallback" and rec.reason.startswith(BAD_REPLIES[mode]), (seed, rec)
+        assert rt.link.wait_ready(READY_S), events(rt)
+    assert reads and not any(reads)  # every one decoded in full and refused there
+    fake.mode = "ok"
+    for seed in range(2):
+        a, b, want = operands(720 + seed, n=30, m=20)
+        np.testing.assert_allclose(np.matmul(a, b), want, rtol=1e-12)
+        assert records(rt)[-1].kind == "worker" and records(rt)[-1].repeated
+    assert reads[-2:] == [False, True]  # the first good reply taught it, the next was read from it
+
+
 def test_replies_are_matched_by_id(fake):
     rt = install(fake.url, timeout=5.0, ready_timeout=10.0)
     assert rt.link.wait_ready(READY_S), events(rt)

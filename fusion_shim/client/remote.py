@@ -117,7 +117,7 @@ def _phases(timing: messages.Timing, rec: Record, chan: transport.Channel, link:
         link.ledger.event(f"worker at {link.url} reported impossible times for {prep.spec.kernel_id} ({why})"[:300]
                           + ": dropped; the call's time is counted as the link's")
         if too_long:
-            worker_s, worker_fp = {}, 0.0
+            worker_s, worker_fp, claimed = {}, 0.0, 0.0
     rec.phases.update(worker_s)
     if timing.oom_retry:
         link.ledger.event(f"worker ran out of memory on {prep.spec.kernel_id}; it freed its caches and the retry "
@@ -126,7 +126,7 @@ def _phases(timing: messages.Timing, rec: Record, chan: transport.Channel, link:
         rec.phases["fingerprint"] = rec.phases.get("fingerprint", 0.0) + worker_fp
     # the worker may start before send() returns (zero-copy sends overlap), so send and transfer
     # share what the round trip leaves after the worker's own time: phases never exceed the wall
-    on_link = max(t2 - t1 - sum(worker_s.values()) - worker_fp, 0.0)
+    on_link = max(t2 - t1 - claimed, 0.0)
     sent = min(chan.last_send_s, on_link)
     rec.phases.update(encode=t1 - t0, send=sent, transfer=on_link - sent, decode=t3 - t2)
     return worker_s.get("kernel")

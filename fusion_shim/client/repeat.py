@@ -81,6 +81,7 @@ class Template:
     """What one call made that the calls repeating its layout reuse."""
 
     __slots__ = (
+        "c_order",
         "call",
         "dtypes",
         "header",
@@ -109,6 +110,8 @@ class Template:
         self.planned: Any = None  # call.Planned, under policy remote: reused for REPRICE_EVERY calls
         self.uses = 0
         self.reply = Skeleton()   # its replies' header, learnt from the first (D48)
+        # whether every input is C-ordered: its dtype, shape and strides, in the key, tell
+        self.c_order = all(a.flags.c_contiguous for a in prep.arrays)
 
     def prepared(self, args: tuple, kwargs: dict) -> Prepared:
         """This call's :class:`Prepared`: the template's, with this call's arrays."""
@@ -119,7 +122,8 @@ class Template:
 
     def request(self, rid: int, prep: Prepared, drops: list) -> Encoded:
         """The call's frames: the header with ``rid`` (and the segments to drop), its inputs' bytes."""
-        bufs = [a if a.flags.c_contiguous else wire.to_wire(a)[1] for a in prep.arrays]
+        bufs = prep.arrays if self.c_order else [a if a.flags.c_contiguous else wire.to_wire(a)[1]
+                                                  for a in prep.arrays]
         if drops:
             header = msgpack.packb({**self.header, "shm_drop": drops, "id": rid}, use_bin_type=True)
         else:

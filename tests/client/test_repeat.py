@@ -124,14 +124,15 @@ def test_the_key_tells_apart_what_a_rule_reads():
     assert repeat.layout_key((a, [1, 2]), {}) is None
 
 
-def test_the_encoded_header_is_the_full_paths():
+@pytest.mark.parametrize("second", [np.asfortranarray, np.ascontiguousarray])
+def test_the_encoded_header_is_the_full_paths(second):
     spec = _spec("numpy.matmul")
-    a, b = np.ones((3, 4)), np.asfortranarray(np.ones((4, 5)))
+    a, b = np.ones((3, 4)), second(np.ones((4, 5)))
     prep = prepare(spec, inspect.signature(_numpy_function(spec)), (a, b), {})
     tmpl = repeat.make(prep, (a, b), {}, Call(spec.name, spec.family, "f8", prep.flops, prep.bytes_in,
                                                    prep.bytes_out), [], [])
-    assert tmpl is not None
-    c, d = np.full((3, 4), 2.0), np.asfortranarray(np.full((4, 5), 3.0))
+    assert tmpl is not None and tmpl.c_order == (second is np.ascontiguousarray)
+    c, d = np.full((3, 4), 2.0), second(np.arange(20.0).reshape(4, 5))
     again = tmpl.prepared((c, d), {})
     for rid in (0, 7, 300, 1 << 40):
         want = remote.call_message(rid, again)

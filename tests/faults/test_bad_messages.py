@@ -328,9 +328,9 @@ def test_wrong_answers_from_a_worker_are_computed_locally(fake):
 REPEATED_BAD = ("garbage", "wrong_shape", "wrong_dtype", "two_results", "short_buffer", "wrong_version", "error")
 
 
-def test_wrong_answers_to_repeated_calls_are_computed_locally(fake, monkeypatch):
-    """D48: a template's calls, their replies read from its skeleton once one is learnt; a reply
-    that is not the skeleton's is decoded in full and refused there, as any call's."""
+@pytest.fixture
+def skeleton_reads(monkeypatch) -> list:
+    """Per reply offered to a skeleton, whether it was read from it."""
     read, reads = Skeleton.read, []
 
     def counted(self, frames, rid):
@@ -339,6 +339,13 @@ def test_wrong_answers_to_repeated_calls_are_computed_locally(fake, monkeypatch)
         return got
 
     monkeypatch.setattr(Skeleton, "read", counted)
+    return reads
+
+
+def test_wrong_answers_to_repeated_calls_are_computed_locally(fake, skeleton_reads):
+    """D48: a template's calls, their replies read from its skeleton once one is learnt; a reply
+    that is not the skeleton's is decoded in full and refused there, as any call's."""
+    reads = skeleton_reads
     rt = install(fake.url, timeout=5.0, ready_timeout=10.0, residency=False)
     assert rt.link.wait_ready(READY_S), events(rt)
     for seed in range(3):
@@ -361,17 +368,10 @@ def test_wrong_answers_to_repeated_calls_are_computed_locally(fake, monkeypatch)
 
 
 @pytest.mark.parametrize("mode", ["wrong_shape", "wrong_dtype"])
-def test_a_skeleton_learns_only_from_an_accepted_result(fake, monkeypatch, mode):
-    """D48: a reply read from a skeleton skips the result checks, so a skeleton learns only from a
+def test_a_skeleton_learns_only_from_an_accepted_result(fake, skeleton_reads, mode):
+    """D49: a reply read from a skeleton skips the result checks, so a skeleton learns only from a
     reply that passed them: a template whose every reply has the wrong results never gets one."""
-    read, reads = Skeleton.read, []
-
-    def counted(self, frames, rid):
-        got = read(self, frames, rid)
-        reads.append(got is not None)
-        return got
-
-    monkeypatch.setattr(Skeleton, "read", counted)
+    reads = skeleton_reads
     rt = install(fake.url, timeout=5.0, ready_timeout=10.0, residency=False)
     assert rt.link.wait_ready(READY_S), events(rt)
     a, b, want = operands(700, n=30, m=20)

@@ -103,7 +103,7 @@ def call_site(depth: int = 2) -> str:
             # D49: a frame's line is read off its code's line table from the start: made once per place
             key = (id(code), frame.f_lasti)
             made = _sites.get(key)
-            if made is None or made[0] is not code:
+            if made is None:
                 made = (code, f"{filename}:{frame.f_lineno}")
                 if len(_sites) < SITES_MAX:
                     _sites[key] = made
@@ -113,7 +113,9 @@ def call_site(depth: int = 2) -> str:
 
 
 _library: dict[str, bool] = {}  # by file name: whether its frames are skipped (a program has few files)
-SITES_MAX = 4096  # places whose file:line is kept: (id of the code, instruction offset) -> (the code, its site)
+# places whose file:line is kept: (id of the code, instruction offset) -> (the code, held so that
+# its id is not another's, and its site)
+SITES_MAX = 4096
 _sites: dict[tuple[int, int], tuple[Any, str]] = {}
 
 

@@ -345,8 +345,8 @@ def test_call_sites_are_keyed_by_line_and_op(shim):
 
 
 def test_a_call_site_is_its_frames_line_when_made_once_per_place():
-    """D49: the site is kept per code object and instruction: each place its own line, a new code
-    object made after another was freed (at its address, maybe) its own."""
+    """D49: the site is kept per code object and instruction: each place its own line, and a code
+    object made later its own."""
     from fusion_shim import ledger
 
     def where() -> str:
@@ -361,7 +361,7 @@ def test_a_call_site_is_its_frames_line_when_made_once_per_place():
     assert (first, second, third) == (f"{__file__}:{line + 1}",) * 2 + (f"{__file__}:{line + 2}",)
     assert caller() == [first, second, third]  # kept: the same strings
     made = []
-    for body in ("\n\nx = site()", "x = site()"):  # the first freed before the second is made
+    for body in ("\n\nx = site()", "x = site()"):  # two module codes of one file name, one after the other
         scope = {"site": where}
         types.FunctionType(compile(body, "made.py", "exec"), scope)()  # a module's code, run in scope
         made.append(scope["x"])

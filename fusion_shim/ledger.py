@@ -258,9 +258,6 @@ class Ledger:
 
 def _phase_sums(by_names: dict[tuple, list]) -> dict[str, float]:
     """An op's seconds per phase, from its sums per tuple of phase names."""
-    if len(by_names) == 1:
-        [(names, sums)] = by_names.items()
-        return dict(zip(names, sums))
     out: dict[str, float] = {}
     for names, sums in by_names.items():
         for name, seconds in zip(names, sums):

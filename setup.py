@@ -4,10 +4,12 @@
   works for any launch (see ``fusion_shim._start``); an editable install (``pip install -e .``)
   gets it too, written into its wheel beside setuptools' own ``.pth``, or says at build that it
   could not;
-- build the optional C extension ``fusion_shim._native`` from ``native/_native.c`` (the
-  trampolines behind ``a @ b``, ``a @= b`` and ``a.dot(b)``). If it cannot be built (no compiler, no
-  NumPy headers), the package still installs and works; the shim's report then says that the
-  operators are not intercepted.
+- build the optional C extensions: ``fusion_shim._native`` from ``native/_native.c`` (the
+  trampolines behind ``a @ b``, ``a @= b`` and ``a.dot(b)``), and on POSIX ``fusion_shim._segcopy``
+  from ``native/_segcopy.c`` (the worker's SIGBUS-safe copy through a client's segment). If one
+  cannot be built (no compiler, no NumPy headers), the package still installs and works; without
+  the first the shim's report says that the operators are not intercepted, without the second the
+  worker reads and writes segments through their fds.
 """
 import os
 import sys
@@ -72,6 +74,10 @@ def _editable_cmdclass():
     return {}
 
 
+WITHOUT = {"fusion_shim._native": "`a @ b`, `a @= b` and `a.dot(b)` are then not intercepted",
+           "fusion_shim._segcopy": "the worker then reads and writes shared-memory segments through their fds"}
+
+
 class OptionalBuildExt(build_ext):
     """build_ext that warns instead of failing: the extension is an accelerator, not a requirement."""
 
@@ -108,7 +114,7 @@ class OptionalBuildExt(build_ext):
         for ext in exts:
             self.skipped.add(ext.name)
             msg = (f"WARNING: fusion_shim: the optional C extension {ext.name} was not built: {why.rstrip('.')}. "
-                   "The package works without it; `a @ b`, `a @= b` and `a.dot(b)` are then not intercepted.")
+                   f"The package works without it; {WITHOUT.get(ext.name, 'it is an accelerator')}.")
             print(msg, file=sys.stderr)
 
 
@@ -119,6 +125,7 @@ setup(
             "fusion_shim._native",
             sources=["native/_native.c"],
             libraries=["dl"] if sys.platform.startswith("linux") else [],
-        )
+        ),
+        *([Extension("fusion_shim._segcopy", sources=["native/_segcopy.c"])] if os.name == "posix" else []),
     ],
 )

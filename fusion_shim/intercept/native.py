@@ -52,8 +52,10 @@ def available() -> bool:
             try:
                 # by name: the extension, not the package's Python, is what this module needs
                 module = importlib.import_module(__package__.rpartition(".")[0] + "._native")
-            except ImportError:
-                module = _installed_copy()
+            except ImportError:  # a source checkout beside an install: the installed copy's
+                from .. import _ext
+
+                module = _ext.installed_copy("_native")
                 if module is None:
                     raise
             if getattr(module, "INTERFACE", None) != INTERFACE:
@@ -63,33 +65,6 @@ def available() -> bool:
         except ImportError as exc:  # not built (no compiler at install) or not loadable here
             LOAD_ERROR = f"the C extension fusion_shim._native is not available ({exc})"
     return _native is not None
-
-
-def _installed_copy() -> Any:
-    """The package imported from a source checkout (``python -m pytest`` in the repository, as CI
-    does after ``pip install .``) has no compiled extension beside it; the installed copy of the
-    package has one. Load that. ``sys.modules["fusion_shim._native"] = None`` still blocks it."""
-    import importlib.machinery  # D123: NumPy has loaded it; importlib.util it has not
-    import os
-    import sys
-
-    name = __package__.rpartition(".")[0] + "._native"
-    if name in sys.modules:  # None: import blocked on purpose
-        return sys.modules[name]
-    here = os.path.realpath(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for entry in sys.path:
-        pkg = os.path.join(entry or os.getcwd(), "fusion_shim")
-        if not os.path.isdir(pkg) or os.path.realpath(pkg) == here:
-            continue
-        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-            path = os.path.join(pkg, "_native" + suffix)
-            if os.path.isfile(path):
-                loader = importlib.machinery.ExtensionFileLoader(name, path)
-                module = loader.create_module(importlib.machinery.ModuleSpec(name, loader, origin=path))
-                loader.exec_module(module)
-                sys.modules[name] = module
-                return module
-    return None
 
 
 def publish_floor(floor_bytes: int) -> None:

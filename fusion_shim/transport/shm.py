@@ -8,11 +8,12 @@ and replies, ids, deadlines, validation, the socket lane as the fallback.
 Ownership: **the client owns every segment**, inputs and results alike. It knows when a result
 dies (the program drops the array) and when a call was abandoned; the worker knows neither. So:
 
-- *inputs*: the client copies each buffer into an ``i`` segment from its pool; the worker reads it
-  through an fd into a buffer of its own (it never maps a client's segment: a client that truncates
-  one cannot fault the worker, D67), and the client takes the segment back when the reply arrives;
+- *inputs*: the client copies each buffer into an ``i`` segment from its pool; the worker copies
+  it into a buffer of its own, out of its mapping with a copy that a SIGBUS stops (D180), or
+  through its fd without the C extension (D67): a client that truncates one cannot fault the
+  worker; the client takes the segment back when the reply arrives;
 - *results*: the call offers one ``o`` segment per result (``out_shm``), sized from what NumPy
-  would return; the worker writes the result into it through its fd; the client hands the
+  would return; the worker copies the result into it the same way; the client hands the
   program a NumPy array *on that segment* (no copy on receive). The array's base is a :class:`_Lease`:
   when the last view of the result dies the segment returns to the pool;
 - a call that times out or fails on the link *retires* its segments (never reused: a late worker

@@ -1,6 +1,6 @@
 """What both halves of the same-host lane (:mod:`.shm`) share: segment names and their owners, the
 liveness checks the sweeps rely on, mapping a segment (the client's own) and opening, reading and
-writing one through its fd (the worker, a client's)."""
+writing one through its fd (the worker, a client's, where the C extension's copy is not built: D180)."""
 from __future__ import annotations
 
 import errno
@@ -107,7 +107,8 @@ def map_segment(name: str, size: int | None, writable: bool, create: bool) -> tu
 
 def open_segment(name: str, writable: bool, uid: int | None, limit: int | None) -> tuple[int, int]:
     """Open a client's segment ``name``: (its fd, its size). It must be a regular file of ``uid``
-    and no larger than ``limit`` (D66). Never mapped: see :func:`read_into`, :func:`write_from`."""
+    and no larger than ``limit`` (D66). Read and written with the C extension's copy through a
+    mapping (D180), else with :func:`read_into` and :func:`write_from`."""
     flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_NONBLOCK  # a FIFO by that name must not block
     try:
         fd = os.open(os.path.join(SHM_DIR, name), flags | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))

@@ -1,9 +1,10 @@
 """The worker's half of the same-host lane (:mod:`.shm`): its clients' segments, opened by name on
 first use and held by their fds until a client says so or dies. A segment belongs to the principal
 that first named it (D60): another principal naming it is answered as if it did not exist, and on
-an ``ipc://`` connection a segment must belong to the peer's uid. The worker never maps a client's
-segment (D67): an input is read into a buffer of the worker's own and a result is written into its
-slot through the fd, so a client that truncates its segment fails its own call, never the worker."""
+an ``ipc://`` connection a segment must belong to the peer's uid. An input is copied into a buffer
+of the worker's own and a result into its slot: through a mapping of the segment with the C
+extension's copy, which a SIGBUS stops without harm (D180), else through the fd (D67). Either way a
+client that truncates its segment fails its own call, never the worker."""
 from __future__ import annotations
 
 import math
@@ -16,26 +17,56 @@ from typing import Any
 
 import numpy as np
 
+from .. import _ext
 from ..protocol.wire import WireError
 from .principal import Principal
 from .shm_common import (POPULATE, ShmError, boot_id, check_loc, open_segment, owner_dead, parse, read_into,
                          sweep_stale, write_from)
+
+_UNLOADED = object()
+COPY: Any = _UNLOADED  # D180: fusion_shim._segcopy, loaded with the first mapper; None where it is not built
+
+
+def guarded_copy() -> Any:
+    """D180: the C extension's copy that a SIGBUS stops (loaded on first need), or None."""
+    global COPY
+    if COPY is _UNLOADED:
+        try:
+            COPY = _ext.load("_segcopy")
+        except ImportError:
+            COPY = None
+    return COPY
 
 GRANULE = 64 * 1024   # input buffers are rounded up to this, the client's segment granule
 IDLE_BYTES = 2 << 30  # free input buffers kept for reuse, as much as a client keeps of idle segments
 
 
 class _Segment:
-    """A client's segment as the worker holds it: an open fd, never a mapping (D67)."""
-    __slots__ = ("fd", "size", "owner", "principal", "role")
+    """A client's segment as the worker holds it: an open fd, and a mapping of its size at opening
+    that only :data:`COPY` touches (D180; without it, the fd alone, D67)."""
+    __slots__ = ("fd", "size", "owner", "principal", "role", "_mm", "_view")
 
     def __init__(self, name: str, writable: bool, principal: Principal, limit: int | None):
         self.fd, self.size = open_segment(name, writable, principal.uid, limit)
         self.principal = principal.name
         ns, pid, start, self.role = parse(name)
         self.owner = f"{ns}-{pid}-{start}"
+        self._mm: mmap.mmap | None = None
+        self._view: memoryview | None = None
+
+    def view(self) -> memoryview:
+        """The segment's bytes as mapped here, mapped on first use (never populated: D66)."""
+        if self._view is None:
+            prot = mmap.PROT_READ | (mmap.PROT_WRITE if self.role == "o" else 0)
+            self._mm = mmap.mmap(self.fd, self.size, mmap.MAP_SHARED, prot)
+            self._view = memoryview(self._mm)
+        return self._view
 
     def close(self) -> None:
+        if self._view is not None:
+            self._view.release()
+            self._mm.close()
+            self._view = self._mm = None
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
@@ -109,6 +140,7 @@ class ShmMapper:
 
     def __init__(self, limit: int | None = None) -> None:
         self.limit = limit  # the largest segment opened: the worker's message budget (D66)
+        guarded_copy()
         self.per_principal = _fd_share()
         self._maps: dict[str, _Segment] = {}
         self._buffers = _Buffers()
@@ -164,12 +196,15 @@ class ShmMapper:
             raise WireError(f"input of {nbytes} bytes at {offset} overruns segment {name} of {m.size}")
         base = self._buffers.take(nbytes)
         try:
-            got = read_into(m.fd, base[:nbytes], offset)
+            if COPY is not None:  # D180: a SIGBUS (the client cut its segment) stops the copy short
+                if not COPY.copy(base[:nbytes], m.view()[offset:offset + nbytes]):
+                    raise WireError(f"segment {name} ends short of its input's {nbytes} bytes at {offset}: "
+                                    "it was truncated")
+            elif (got := read_into(m.fd, base[:nbytes], offset)) < nbytes:
+                raise WireError(f"segment {name} ends {got} bytes after {offset}, short of its input's {nbytes}: "
+                                "it was truncated")
         except OSError as exc:
             raise WireError(f"cannot read segment {name}: {exc.strerror}") from None
-        if got < nbytes:
-            raise WireError(f"segment {name} ends {got} bytes after {offset}, short of its input's {nbytes}: "
-                            "it was truncated")
         arr = base[:nbytes].view(dtype).reshape(shape, order=order)
         arr.flags.writeable = False
         return arr
@@ -201,11 +236,15 @@ class ShmMapper:
         of the slot's size, or the segment no longer reaches past the slot or cannot be written."""
         if result.nbytes != slot.nbytes or not (result.flags.c_contiguous or result.flags.f_contiguous):
             return False
-        fd = slot.seg.fd
+        seg, data = slot.seg, result.reshape(-1, order="A").view(np.uint8)
+        if seg.fd < 0:
+            return False
         try:
-            if fd < 0 or os.fstat(fd).st_size < slot.offset + slot.nbytes:
+            if COPY is not None:  # D180: into the mapping; a SIGBUS past a cut end stops it
+                return COPY.copy(seg.view()[slot.offset:slot.offset + slot.nbytes], data)
+            if os.fstat(seg.fd).st_size < slot.offset + slot.nbytes:
                 return False  # D67: the client cut its segment; a write would grow it back
-            write_from(fd, result.reshape(-1, order="A").view(np.uint8), slot.offset)
+            write_from(seg.fd, data, slot.offset)
         except OSError:
             return False
         return True

@@ -39,6 +39,17 @@ def test_extension_was_built_and_loaded():
         fusion_shim.uninstall()
 
 
+@pytest.mark.skipif(os.name != "posix", reason="the SIGBUS-safe copy is built on POSIX only")
+def test_the_segment_copy_was_built_and_loads():
+    """D180: the worker's SIGBUS-safe copy, built beside ``_native`` and found the same ways."""
+    from fusion_shim.transport import shm_worker
+
+    copy = shm_worker.guarded_copy()
+    assert copy is not None, "fusion_shim._segcopy was not built"
+    where = Path(copy.__file__).parent
+    assert where == ROOT / "fusion_shim" or where.parent.name in ("site-packages", "dist-packages"), where
+
+
 def _run(code: str, tmp_path) -> subprocess.CompletedProcess:
     prog = tmp_path / "prog.py"
     prog.write_text(textwrap.dedent(code))
@@ -128,3 +139,6 @@ def test_a_failed_compile_does_not_fail_the_build(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "fusion_shim._native was not built" in r.stderr
     assert not list((tmp_path / "lib").rglob("_native*"))
+    if os.name == "posix":
+        assert "fusion_shim._segcopy was not built" in r.stderr and "through their fds" in r.stderr
+        assert not list((tmp_path / "lib").rglob("_segcopy*"))

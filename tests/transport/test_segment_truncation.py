@@ -1,8 +1,10 @@
-"""A client that truncates its own segment after the worker used it cannot crash the worker (D67):
-the worker reads inputs and writes results through the segment's fd, never a mapping. An input cut
-short is answered with an error; a result slot cut short, before the call or while its kernel
-runs, gets the result inline. The worker keeps its pid and serves an honest client correctly
-afterwards. The attacker is a raw ZeroMQ client of its own; the worker a real process."""
+"""A client that truncates its own segment after the worker used it cannot crash the worker: the
+worker copies inputs out of a mapping of the segment and results into it with the C extension's
+copy, which a SIGBUS stops (D180), or, without the extension, through the segment's fd (D67). Each
+process test runs on both. An input cut short is answered with an error; a result slot cut short,
+before the call or while its kernel runs, gets the result inline. The worker keeps its pid and
+serves an honest client correctly afterwards. The attacker is a raw ZeroMQ client of its own; the
+worker a real process."""
 from __future__ import annotations
 
 import itertools
@@ -20,7 +22,7 @@ import zmq
 
 from fusion_shim.protocol import messages, wire
 from fusion_shim.protocol.fingerprint import fingerprint
-from fusion_shim.transport import Channel, shm
+from fusion_shim.transport import Channel, shm, shm_worker
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not shm.available(), reason="no /dev/shm on this machine")
@@ -30,6 +32,10 @@ START_S = 180.0         # a worker's start and warm-up on a loaded 2-core host
 REPLY_S = 60.0
 _SEQ = itertools.count(900_000)  # far above the honest pool's names of this process
 _MADE: list[str] = []
+# how the worker copies: through a mapping with the C extension's copy (where it is built), or its fds
+COPIES = ["mapped", "fd"] if shm_worker.guarded_copy() is not None else ["fd"]
+FD_ONLY = ("import runpy, fusion_shim.transport.shm_worker as m; m.COPY = None; "
+           "runpy.run_module({mod!r}, run_name='__main__', alter_sys=True)")
 
 
 @pytest.fixture(autouse=True)
@@ -132,11 +138,12 @@ class Honest:
         self.chan.close()
 
 
-def _start(testing: bool = False):
+def _start(copy: str, testing: bool = False):
     d = tempfile.mkdtemp(prefix="fs-trunc-", dir="/tmp")
     url = f"ipc://{d}/w.sock"
-    entry = ["fusion_shim.worker.testing", "--delay", "1.5"] if testing else ["fusion_shim", "worker"]
-    proc = subprocess.Popen([sys.executable, "-m", *entry, "--bind", url, "--device", "cpu"], stderr=subprocess.DEVNULL)
+    mod, args = ("fusion_shim.worker.testing", ["--delay", "1.5"]) if testing else ("fusion_shim", ["worker"])
+    run = ["-m", mod] if copy == "mapped" else ["-c", FD_ONLY.format(mod=mod)]
+    proc = subprocess.Popen([sys.executable, *run, *args, "--bind", url, "--device", "cpu"], stderr=subprocess.DEVNULL)
     honest = Honest(url, proc)
     ready = honest.hello()
     assert ready["t"] == "ready" and ready["shm"]["ok"] and ready["pid"] == proc.pid, ready
@@ -151,20 +158,27 @@ def _stop(proc, honest, attacker, d) -> None:
     shutil.rmtree(d, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def worker():
-    started = _start()
-    yield started[:3]
+@pytest.fixture(scope="module", params=COPIES)
+def worker(request):
+    started = _start(request.param)
+    yield (*started[:3], request.param)
     _stop(*started)
 
 
+def _maps(pid: int, path: str) -> bool:
+    """Whether process ``pid`` has ``path`` mapped."""
+    with open(f"/proc/{pid}/maps") as f:
+        return any(line.rstrip().endswith(path) for line in f)
+
+
 def test_an_input_truncated_after_the_worker_read_it_is_an_error_and_the_worker_stays_up(worker):
-    proc, honest, attacker = worker
+    proc, honest, attacker, copy = worker
     x = np.arange(N, dtype=np.float64)
     name, path = segment("i", x)
     header, y = _result(attacker.echo(name))
     np.testing.assert_array_equal(y, x)
     assert name in header.get("shm_mapped", [])
+    assert _maps(proc.pid, path) == (copy == "mapped")  # the copy this run means to test
     os.truncate(path, 0)
     header = wire.decode_header(attacker.echo(name)[0])
     assert header["t"] == "error" and header["kind"] == "bad_request", header
@@ -175,7 +189,7 @@ def test_an_input_truncated_after_the_worker_read_it_is_an_error_and_the_worker_
 
 
 def test_a_result_slot_truncated_after_the_worker_wrote_it_gets_the_result_inline(worker):
-    proc, honest, attacker = worker
+    proc, honest, attacker, _ = worker
     x = np.arange(N, dtype=np.float64) * 3
     slot, path = segment("o")
     header, y = _result(attacker.echo(x, slot), path)
@@ -190,8 +204,9 @@ def test_a_result_slot_truncated_after_the_worker_wrote_it_gets_the_result_inlin
     honest.matmul(20)
 
 
-def test_a_result_slot_truncated_while_its_kernel_runs_gets_the_result_inline():
-    started = _start(testing=True)  # each call held 1.5 s before its kernel
+@pytest.mark.parametrize("copy", COPIES)
+def test_a_result_slot_truncated_while_its_kernel_runs_gets_the_result_inline(copy):
+    started = _start(copy, testing=True)  # each call held 1.5 s before its kernel
     proc, honest, attacker, _ = started
     try:
         x = np.arange(N, dtype=np.float64) + 0.5

@@ -23,6 +23,8 @@ from .principal import Principal
 from .shm_common import (POPULATE, ShmError, boot_id, check_loc, open_segment, owner_dead, parse, read_into,
                          sweep_stale, write_from)
 
+GRANULE = 64 * 1024   # input buffers are rounded up to this, the client's segment granule
+IDLE_BYTES = 2 << 30  # free input buffers kept for reuse, as much as a client keeps of idle segments
 _UNLOADED = object()
 COPY: Any = _UNLOADED  # D180: fusion_shim._segcopy, loaded with the first mapper; None where it is not built
 
@@ -36,9 +38,6 @@ def guarded_copy() -> Any:
         except ImportError:
             COPY = None
     return COPY
-
-GRANULE = 64 * 1024   # input buffers are rounded up to this, the client's segment granule
-IDLE_BYTES = 2 << 30  # free input buffers kept for reuse, as much as a client keeps of idle segments
 
 
 class _Segment:

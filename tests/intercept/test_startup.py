@@ -130,6 +130,7 @@ AT_NUMPY = {"fusion_shim", "fusion_shim._hooks", "fusion_shim._native", "fusion_
             "fusion_shim.client.rundir", "fusion_shim.procinfo", "fusion_shim.ledger", "fusion_shim.plan",
             "fusion_shim.plan.cells", "fusion_shim.plan.cpuwins", "fusion_shim.plan.margins", "fusion_shim.catalog",
             "fusion_shim.catalog.rows", "fusion_shim.catalog.spec",  # the rules load with the call path (D116)
+            "fusion_shim._ext",  # only for a source checkout beside an install: its extensions are there
             "wrapt._wrappers", "wrapt.exceptions",  # wrapt's C types (D112)
             "__future__", "atexit", "gc"}  # the stdlib's, where NumPy loads none
 

@@ -23,7 +23,7 @@ from ..catalog import OpSpec, Prepared, Unsupported, prepare
 from ..config import Config
 from ..errors import FallbackError
 from ..ledger import Ledger, Record, call_site
-from . import remote, repeat
+from . import remote, repeat, residency
 from .checks import Checks, Done
 from .link import WorkerLink
 from .residency import HashRate, Reuse, Wired
@@ -77,7 +77,7 @@ class CallPath:
 
     def _run(self, spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict, rec: Record,
              t0: float) -> Done | Record:
-        key = repeat.layout_key(args, kwargs) if not self.config.residency and repeat.repeatable(spec) else None
+        key = repeat.layout_key(args, kwargs) if repeat.repeatable(spec) else None
         tmpl = self.templates.get((spec.name, key)) if key is not None else None
         fresh = False  # no template for this key yet: this call may leave one
         if tmpl.__class__ is repeat.Template and self._may_repeat(spec, tmpl, rec):
@@ -102,7 +102,8 @@ class CallPath:
         if tmpl is not None:
             rec.repeated = got.__class__ is Done
             self.repeated += rec.repeated
-        elif fresh and got.__class__ is Done and wired is None and len(self.templates) < repeat.TEMPLATES_MAX:
+        elif (fresh and got.__class__ is Done and wired is None and len(self.templates) < repeat.TEMPLATES_MAX
+              and (not self.config.residency or residency.holds_nothing(prep))):  # D38: nothing a worker keeps
             made = repeat.make(prep, args, kwargs, call, rec.shapes, rec.dtypes)
             if made is not None:
                 self.templates[(spec.name, key)] = made
@@ -185,9 +186,12 @@ class CallPath:
         decision = self.planner.decide(call, self._states(spec, unknown))
         wired, to_send, inputs_up = None, None, None
         if self._worth_looking(spec, call, decision):
-            wired, to_send, inputs_up = self._priced_by_residency(prep, rec)
-            if any(priced != prep.bytes_in for priced, _ in to_send):
-                decision = self.planner.decide(call, self._states(spec, *zip(*to_send)))
+            if residency.holds_nothing(prep):  # D38: what a look would find: every input travels
+                inputs_up = prep.bytes_in
+            else:
+                wired, to_send, inputs_up = self._priced_by_residency(prep, rec)
+                if any(priced != prep.bytes_in for priced, _ in to_send):
+                    decision = self.planner.decide(call, self._states(spec, *zip(*to_send)))
         if self._measure_links(spec, call, decision, rec):
             decision = self.planner.decide(call, self._states(spec, *(
                 zip(*to_send) if to_send is not None else (unknown,))))

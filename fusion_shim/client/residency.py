@@ -9,6 +9,7 @@ back as a ``missing`` error and is resent once, by value (:mod:`.remote`).
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -109,6 +110,14 @@ class Mirror:
 
     def __len__(self) -> int:
         return len(self._held)
+
+
+def holds_nothing(prep: Any) -> bool:
+    """D38: whether every input and every declared result of a prepared call is below
+    ``RESIDENT_MIN``: none is fingerprinted or kept, so the call travels by value whatever a worker
+    holds, and its layout may repeat from a template as without residency."""
+    return all(a.nbytes < RESIDENT_MIN for a in prep.arrays) and all(
+        math.prod(s) * d.itemsize < RESIDENT_MIN for d, s in prep.results)
 
 
 class Wired:

@@ -17,6 +17,7 @@ from fusion_shim.catalog import CATALOG, Unsupported, prepare
 from fusion_shim.client import remote, repeat
 from fusion_shim.plan import Call
 from fusion_shim.protocol import wire
+from fusion_shim.protocol.fingerprint import RESIDENT_MIN
 from fusion_shim.protocol.skeleton import Skeleton
 from fusion_shim.transport import shm, shm_client
 from tests.catalog.test_hypothesis import STRATEGIES, Draw, _materialize, run_call
@@ -240,13 +241,38 @@ def test_aliased_arguments_take_the_template_apart(inproc_worker):
         np.testing.assert_allclose(g, w, rtol=1e-12)
 
 
-def test_residency_on_makes_no_template(inproc_worker):
-    a, b = np.ones((8, 8)), np.ones((8, 8))
+def test_residency_on_repeats_only_a_layout_whose_arrays_a_worker_cannot_keep(inproc_worker, monkeypatch):
+    """D38: with residency on, a call whose every input and result is below RESIDENT_MIN travels by
+    value (nothing to fingerprint, nothing kept) and repeats from a template, its third reply read
+    from the skeleton; one with an input at RESIDENT_MIN or more has no template, and its input is
+    sent once, then held there."""
+    read, reads = Skeleton.read, []
+
+    def counted(self, frames, rid):
+        reads.append(read(self, frames, rid))
+        return reads[-1]
+
+    monkeypatch.setattr(Skeleton, "read", counted)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((8, 8)), rng.standard_normal((8, 8))
+    big = rng.standard_normal((RESIDENT_MIN // 8 // 64 + 1, 64))  # just over RESIDENT_MIN bytes
+    v = rng.standard_normal(64)
     with installed(inproc_worker, timeout=30.0) as rt:
-        for _ in range(3):
-            np.matmul(a, b)
-        assert last_record(rt).kind == "worker"
-        assert not rt.calls.templates and rt.calls.repeated == 0
+        assert rt.config.residency
+        small = [np.matmul(a, b) for _ in range(3)]
+        recs = rt.ledger.records[-3:]
+        assert [r.kind for r in recs] == ["worker"] * 3 and [r.repeated for r in recs] == [False, True, True]
+        assert all("fingerprint" not in r.phases for r in recs)
+        assert reads[-1] is not None  # the third reply, read from the second's skeleton (D48)
+        large = [np.dot(big, v) for _ in range(3)]
+        recs = rt.ledger.records[-3:]
+        assert [r.kind for r in recs] == ["worker"] * 3 and not any(r.repeated for r in recs)
+        assert [r.resident_hits for r in recs] == [0, 1, 1]  # the matrix held after its first upload
+        assert [key[0] for key in rt.calls.templates] == ["numpy.matmul"]
+    for got in small:
+        np.testing.assert_allclose(got, a @ b, rtol=1e-12)
+    for got in large:
+        np.testing.assert_allclose(got, big @ v, rtol=1e-12)
 
 
 def test_policy_remote_reprices_a_template(inproc_worker):

@@ -23,7 +23,7 @@ N = 1 << 20
 
 
 @pytest.fixture
-def mapped(tmp_path):
+def mapped():
     """A 1 MiB file in /dev/shm, mapped read-write, and its fd (to truncate it with)."""
     path = os.path.join(shm.SHM_DIR, f"fs-segcopy-test-{os.getpid()}-{threading.get_ident()}")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)

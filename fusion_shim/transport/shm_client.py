@@ -18,10 +18,9 @@ import numpy as np
 from .shm_common import (PREFIX, SHM_DIR, ShmError, available, boot_id, check_loc, map_segment, owner_tag, strides_of,
                          sweep_stale)
 
-# Below this a buffer travels inline in the message: a segment costs more than copying it into a
-# frame (the same threshold as zero-copy frames, shared/LIMITS.md). Tests set it to 0 to send every
-# buffer through shared memory.
-MIN_BYTES = 64 * 1024
+# D39: below this a buffer travels in the message: the lane's own work for a call costs more than
+# the socket takes to move it. Tests set it to 0 to send every buffer through shared memory.
+MIN_BYTES = 256 * 1024
 GRANULE = 64 * 1024          # segment sizes are rounded up to this
 MAX_IDLE_BYTES = 2 << 30     # free segments kept for reuse, per client, beyond which they are closed
 

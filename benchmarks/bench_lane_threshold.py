@@ -46,7 +46,8 @@ def worker():
 def _per_call(url: str, a: np.ndarray, b: np.ndarray, calls: int, lane: bool, monkeypatch) -> float:
     monkeypatch.setenv("FUSION_SHIM_SHM", "auto" if lane else "0")
     monkeypatch.setenv("FUSION_SHIM_RESIDENCY", "0")
-    monkeypatch.setattr(shm_client, "MIN_BYTES", 0 if lane else shm_client.MIN_BYTES)
+    if lane:
+        monkeypatch.setattr(shm_client, "MIN_BYTES", 0)
     rt = fusion_shim.install(policy="remote", worker=url, quiet=True, ready_timeout=600)
     try:
         assert rt.link.wait_ready(600)

@@ -40,13 +40,19 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 
 
-def report():
-    """The report of the running shim so far (the same map ``--report`` writes), or None."""
+def report(format="text"):
+    """The report of the running shim so far: the table printed at exit (``format="text"``), or the
+    map ``--report`` writes (``format="json"``); None where the shim is not installed."""
+    if format not in ("text", "json"):
+        raise ValueError(f"format must be 'text' or 'json', not {format!r}")
     from . import intercept
-    from .report import build
+    from .report import build, format_table
 
     rt = intercept.active()
-    return None if rt is None else build(rt)
+    if rt is None:
+        return None
+    built = build(rt)
+    return built if format == "json" else format_table(built)
 
 
 _PREFIX = "FUSION_SHIM_"  # config.PREFIX, not imported: config loads dataclasses

@@ -54,6 +54,13 @@ RUN_OPTIONS = ("policy", "worker", "workers", "pool", "device", "report", "trace
 RUN_FLAGS = ("quiet", "strict")
 
 
+def usage() -> str:
+    """USAGE, its first line naming the command as it was invoked (``fusion-shim`` or ``python -m``)."""
+    if os.path.basename(sys.argv[0] or "") == "fusion-shim":
+        return USAGE.replace("usage: python -m fusion_shim", "usage: fusion-shim", 1)
+    return USAGE
+
+
 class UsageError(Exception):
     pass
 
@@ -107,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] in (["-h"], ["--help"]) or not argv:
-        print(USAGE, file=sys.stdout if argv else sys.stderr)
+        print(usage(), file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     if argv[0] == "worker":
         return worker_main(argv[1:])
@@ -132,12 +139,20 @@ def main(argv: list[str] | None = None) -> int:
             settings, script, module, args = parse_run(argv)
             config, sources = Config.load_with_sources(project=find_project(program_dir(script)), **settings)
         except HelpRequested:
-            print(USAGE)
+            print(usage())
             return 0
         except (UsageError, ConfigError) as exc:
-            print(f"fusion_shim: {exc}\n\n{USAGE}", file=sys.stderr)
+            print(f"fusion_shim: {exc}\n\n{usage()}", file=sys.stderr)
             return 2
     return run_program(config, script, module, args, started, explicit=tuple(sources))
+
+
+CONFIG_USAGE = """\
+usage: fusion-shim config [options] [app.py | DIR]
+
+Print the settings a run of that program (or one started in DIR, or here) would get with the options
+given, and where each came from (default, pyproject, environment, flag). The options are those of
+python -m fusion_shim (fusion-shim --help)."""
 
 
 def config_main(argv: list[str]) -> int:
@@ -151,7 +166,7 @@ def config_main(argv: list[str]) -> int:
         project = find_project(start)
         config, sources = Config.load_with_sources(project=project, **settings)
     except HelpRequested:
-        print(USAGE)
+        print(CONFIG_USAGE)
         return 0
     except (UsageError, ConfigError) as exc:
         print(f"fusion-shim config: {exc}", file=sys.stderr)
@@ -172,11 +187,21 @@ def format_settings(config: Any, sources: dict[str, str], pyproject: str | None)
     return "\n".join(lines)
 
 
+CALIBRATE_USAGE = """\
+usage: fusion-shim calibrate
+
+Measure this machine's local speed for every (family, dtype) now and write the cache the planner
+reads; runs would otherwise measure on first use, in the background, and only what they use."""
+
+
 def calibrate_main(argv: list[str]) -> int:
     """Probe every (family, dtype) now and write the cache the planner reads on first use;
     runs would otherwise measure on first use, in the background, and only what they use."""
+    if argv in (["-h"], ["--help"]):
+        print(CALIBRATE_USAGE)
+        return 0
     if argv:
-        print("usage: fusion-shim calibrate", file=sys.stderr)
+        print(f"fusion-shim calibrate: unexpected argument {argv[0]}\n{CALIBRATE_USAGE}", file=sys.stderr)
         return 2
     from .plan import Planner, calibrate
 

@@ -163,7 +163,7 @@ class ShimSession:
 
         report = None
         try:
-            report = fusion_shim.report()
+            report = fusion_shim.report(format="json")
         except Exception as exc:  # as at a program's exit: a report that fails must not fail the session
             print(f"fusion_shim: report failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         finally:

@@ -95,7 +95,7 @@ def child(workload: str, mode: str, workers: str | None, out: str) -> None:
     checksum = sum(mod.run(data) for _ in range(repeat))
     end = time.perf_counter()
     total, cpu = end - t0, time.process_time() - c0
-    rep = fusion_shim.report()
+    rep = fusion_shim.report(format="json")
     recs = rep["records"] if rep else []
     result = {"workload": workload, "mode": mode, "total_s": total, "cpu_s": cpu, "install_s": t_setup - t0,
               "setup_s": t_run - t_setup, "run_s": end - t_run,

@@ -110,7 +110,7 @@ def test_enough_winnable_work_starts_the_worker_and_the_report_says_on_what_evid
         while rt.link.proc is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert rt.link.proc is not None
-        rep = fusion_shim.report()
+        rep = fusion_shim.report(format="json")
         assert rep["worker"]["cpu_start"].startswith("started at ") and "fft.fft x" in rep["worker"]["cpu_start"]
         assert any("starting the embedded worker" in e["what"] and "would have saved" in e["what"]
                    for e in rep["events"])
@@ -142,7 +142,7 @@ def test_a_win_the_planner_would_not_act_on_is_no_evidence_and_the_report_says_s
         try:
             assert rt.deferred and rt.floor_bytes == NEVER
             assert all(rt.floor_cell(w.op)[0] == NEVER for w in CPU_WINS)
-            assert fusion_shim.report()["worker"]["cpu_start"].startswith("not started: no op a CPU worker wins")
+            assert fusion_shim.report(format="json")["worker"]["cpu_start"].startswith("not started: no op a CPU worker wins")
         finally:
             fusion_shim.uninstall()
 

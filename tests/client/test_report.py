@@ -48,7 +48,7 @@ def _stats(url):
 def test_numbers_add_up(shim, inproc_worker):
     before = _stats(inproc_worker)
     _workload()
-    rep = fusion_shim.report()
+    rep = fusion_shim.report(format="json")
     after = _stats(inproc_worker)
     recs = rep["records"]
     assert {r["kind"] for r in recs} >= {"worker", "unsupported"}
@@ -91,7 +91,7 @@ def _check_trace(trace):
 
 def test_trace_is_well_formed(shim):
     _workload()
-    tracks = _check_trace(json.loads(json.dumps(build_trace(fusion_shim.report()))))
+    tracks = _check_trace(json.loads(json.dumps(build_trace(fusion_shim.report(format="json")))))
     cats = {e["cat"] for t in tracks.values() for e in t}
     assert {"worker", "phase", "transfer", "device"} <= cats
 
@@ -177,7 +177,7 @@ def test_checks_are_sampled_and_kept_apart(checked_shim):
     for r in checked:
         # NumPy's own time (issue 5's oracle reads it); the check's phase adds the comparison
         assert r.phases["verify"] > 0 and 0 < r.local_measured_s <= r.phases["verify"]
-    rep = fusion_shim.report()
+    rep = fusion_shim.report(format="json")
     sm = rep["summary"]
     assert sm["time_checking_s"] == pytest.approx(sum(r.phases["verify"] for r in checked))
     assert sm["vs_plain"]["worker_calls_measured"] == 4
@@ -336,7 +336,7 @@ def test_call_sites_are_keyed_by_line_and_op(shim):
     for _ in range(3):
         b = a @ a; c = np.matmul(a, a); f = np.fft.irfft2(np.fft.rfft2(a))  # noqa: E702  (one line, four ops)
     line = f"{__file__}:{sys._getframe().f_lineno - 1}"
-    rep = fusion_shim.report()
+    rep = fusion_shim.report(format="json")
     here = {v["op"]: v["calls"] for v in rep["sites"].values() if v["site"] == line}
     want = {"numpy.ndarray.__matmul__": 3, "numpy.matmul": 3, "numpy.fft.rfft2": 3, "numpy.fft.irfft2": 3}
     assert here == want, rep["sites"]
@@ -378,7 +378,7 @@ def test_the_report_loads_its_pool_and_stages_parts_only_for_a_run_that_has_them
         import numpy as np
         import fusion_shim
         np.matmul(np.ones((4, 4)), np.ones((4, 4)))
-        rep = fusion_shim.report()
+        rep = fusion_shim.report(format="json")
         report = sys.modules["fusion_shim.report"]
         text = report.format_table(rep)
         print(sorted(m for m in ("fusion_shim.report.pool", "fusion_shim.report.stages") if m in sys.modules))
@@ -393,3 +393,14 @@ def test_the_report_loads_its_pool_and_stages_parts_only_for_a_run_that_has_them
     out = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", "local", "--quiet", str(prog)],
                          capture_output=True, text=True, timeout=300, env=env, check=True)
     assert out.stdout.splitlines() == ["[]", "True True"], out.stderr
+
+
+def test_report_gives_the_table_as_text_and_the_map_as_json(shim):
+    _workload()
+    text = fusion_shim.report()
+    assert isinstance(text, str) and text.startswith("fusion_shim report")
+    assert "matmul" in text
+    rep = fusion_shim.report(format="json")
+    assert isinstance(rep, dict) and rep["ops"]["numpy.matmul"]["calls"] >= 1
+    with pytest.raises(ValueError, match="format"):
+        fusion_shim.report(format="html")

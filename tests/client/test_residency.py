@@ -172,7 +172,7 @@ def test_eviction_under_a_small_budget_and_resend(rshim, store_worker):
     _close(np.matmul(mats[0], v), ref(lambda: mats[0] @ v))
     last = rshim.ledger.records[-1]
     assert last.kind == "worker" and last.resends == 1
-    rep = fusion_shim.report()
+    rep = fusion_shim.report(format="json")
     assert rep["summary"]["residency"]["resends"] >= 1 and rep["summary"]["residency"]["evictions"] > 0
 
 

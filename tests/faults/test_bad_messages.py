@@ -319,7 +319,7 @@ def test_wrong_answers_from_a_worker_are_computed_locally(fake):
         assert rt.link.wait_ready(READY_S), (mode, events(rt))
         np.testing.assert_allclose(np.matmul(a, b), want, rtol=1e-12)
         assert records(rt)[-1].kind == "worker", (mode, records(rt)[-1])
-    rep = fusion_shim.report()
+    rep = fusion_shim.report(format="json")
     assert rep["ops"]["numpy.matmul"]["fallback"] == len(BAD_REPLIES)
     assert len(rep["ops"]["numpy.matmul"]["reasons"]) == len(BAD_REPLIES)
     assert events(rt).count("worker fault: BadReply") == sum(r.startswith("BadReply") for r in BAD_REPLIES.values())

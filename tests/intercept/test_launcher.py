@@ -327,13 +327,13 @@ KIDS = """\
         # until a worker is ready every call is below the floor; under auto the embedded worker runs at
         # idle priority (D20) and on CPUs other work keeps busy it may never be: both are checked
         ready = rt is not None and rt.link is not None and rt.link.wait_ready(20)
-        before = (fusion_shim.report() or {"ops": {}})["ops"].get("numpy.linalg.svd", {})
+        before = (fusion_shim.report(format="json") or {"ops": {}})["ops"].get("numpy.linalg.svd", {})
         # svd has the lowest floor the planner derives (26 n^3 flops on n^2 inputs, issue 5)
         big = np.eye(200) + 1.0              # 320 kB: above svd's floor on any plausible worker, recorded
         small = np.ones((3, 3))              # below it: counted only
         np.linalg.svd(big)
         np.linalg.svd(small)
-        after = (fusion_shim.report() or {"ops": {}})["ops"].get("numpy.linalg.svd", {})
+        after = (fusion_shim.report(format="json") or {"ops": {}})["ops"].get("numpy.linalg.svd", {})
         delta = lambda k: after.get(k, 0) - before.get(k, 0)
         return {"pid": os.getpid(), "active": rt is not None,
                 "policy": None if rt is None else rt.config.policy,
@@ -515,17 +515,17 @@ def test_a_kept_wrapper_passes_through_after_uninstall(no_shim_after):
     fusion_shim.uninstall()
     a = np.array([[2.0, 1.0], [1.0, 3.0]])
     np.testing.assert_array_equal(kept(a, np.ones(2)), np.linalg.solve(a, np.ones(2)))
-    assert fusion_shim.report() is None
+    assert fusion_shim.report(format="json") is None
 
 
 def test_report_callable_repeatedly(no_shim_after):
     """``fusion_shim.report`` stays the function after the report module has been imported."""
     fusion_shim.install(policy="local", quiet=True)
-    first, second = fusion_shim.report(), fusion_shim.report()
+    first, second = fusion_shim.report(format="json"), fusion_shim.report(format="json")
     assert first["schema"] == second["schema"] == "fusion_shim.report/1"
     from fusion_shim.report import render  # noqa: F401  (importing the submodule must not shadow it)
 
-    assert callable(fusion_shim.report) and fusion_shim.report()["policy"] == "local"
+    assert callable(fusion_shim.report) and fusion_shim.report(format="json")["policy"] == "local"
 
 
 def test_children_of_a_deferred_parent_wait_for_its_worker_instead_of_starting_their_own(tmp_path):

@@ -450,7 +450,7 @@ def test_small_products_stay_in_c_and_are_counted(inproc_worker):
         c = a.copy()
         c @= a
         assert op_records(rt) == []  # below the floor: counted only
-        ops = fusion_shim.report()["ops"]
+        ops = fusion_shim.report(format="json")["ops"]
         assert ops[MATMUL]["below_floor"] == 5 and ops[DOT]["below_floor"] == 5 and ops[IMATMUL]["below_floor"] == 1
         # above the floor: recorded (local or worker, as the planner decides). The floor comes from
         # this host's models and the round trip measured at connect (0.5-0.7 MB for @ here, above a

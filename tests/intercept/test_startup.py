@@ -164,7 +164,7 @@ def test_numpy_imported_late_inside_a_function_is_intercepted(tmp_path):
             import numpy as np
             import fusion_shim
             np.linalg.svd(np.eye(200) + 1.0)  # no worker ready: one comparison, counted
-            rep = fusion_shim.report()
+            rep = fusion_shim.report(format="json")
             return {"active": fusion_shim.active() is not None, "svd": rep["ops"]["numpy.linalg.svd"]["below_floor"],
                     "fft": hasattr(np.fft.fft, "__wrapped__"), "worker": rep["worker"]["state"]}
 
@@ -183,7 +183,7 @@ CHILDREN = """\
         np.linalg.svd(np.eye(200) + 1.0)
         rt = fusion_shim.active()
         return {"pid": os.getpid(), "active": rt is not None, "wrapped": hasattr(np.linalg.svd, "__wrapped__"),
-                "svd": (fusion_shim.report() or {"ops": {}})["ops"].get("numpy.linalg.svd", {}).get("below_floor")}
+                "svd": (fusion_shim.report(format="json") or {"ops": {}})["ops"].get("numpy.linalg.svd", {}).get("below_floor")}
 
     def mp_child(q):
         q.put(probe())

@@ -88,7 +88,7 @@ def test_foreign_entry_means_nothing_is_patched(tmp_path):
                "still_foreign": (a @ a) == "foreign"}
         rt.link.wait_ready(600)
         np.matmul(a, a)
-        out["report"] = fusion_shim.report()["operators"]
+        out["report"] = fusion_shim.report(format="json")["operators"]
         out["records"] = [(r.op, r.kind) for r in rt.ledger.records]
         fusion_shim.uninstall()
         out["after"] = _native.entries() == entries
@@ -118,7 +118,7 @@ def test_without_the_extension_the_shim_works_and_says_so(tmp_path):
         a = np.ones((30, 30))
         a @ a
         np.matmul(a, a)
-        print(json.dumps({"operators": fusion_shim.report()["operators"],
+        print(json.dumps({"operators": fusion_shim.report(format="json")["operators"],
                           "records": [(r.op, r.kind) for r in rt.ledger.records]}))
     """, tmp_path)
     assert r.returncode == 0, r.stderr

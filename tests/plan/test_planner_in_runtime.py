@@ -257,7 +257,7 @@ def test_several_workers_each_measured_at_connect(two_workers):
         learnt = [w for w in rt.planner.profile.workers if w.device.samples("numpy.matmul", "f8") and w.link.n]
         assert learnt
         # the report says which workers there were and what their links measured
-        pl = fusion_shim.report()["planner"]
+        pl = fusion_shim.report(format="json")["planner"]
         assert [w["url"] for w in pl["workers"]] == list(two_workers)
         assert all(w["link"]["rtt_s"] > 0 for w in pl["workers"])
         assert pl["floors_bytes"]["numpy.matmul"] == 0  # policy remote: every call is a candidate
@@ -439,7 +439,7 @@ def test_each_op_keeps_its_own_floor_and_c_holds_the_smallest(tmp_path):
             f(a, a)
         a @ a
         assert len(rt.ledger.records) == before  # none reached the planner
-        ops = fusion_shim.report()["ops"]
+        ops = fusion_shim.report(format="json")["ops"]
         assert ops["numpy.matmul"]["below_floor"] >= 1 and ops["numpy.dot"]["below_floor"] >= 1
         if native.available():
             assert ops["numpy.ndarray.__matmul__"]["below_floor"] >= 1
@@ -692,7 +692,7 @@ def test_without_a_gpu_the_embedded_worker_waits_and_ops_no_cpu_worker_wins_cost
         a = RNG.standard_normal((300, 300))
         np.linalg.solve(a, a)
         assert not [r for r in rt.ledger.records if r.op == "numpy.linalg.solve"]  # one comparison, no record
-        rep = fusion_shim.report()
+        rep = fusion_shim.report(format="json")
         assert rep["ops"]["numpy.linalg.solve"]["below_floor"] == 1
         assert any("no GPU on this host" in e["what"] for e in rep["events"])
         assert rep["worker"]["cpu_start"].startswith("not started: ")
@@ -828,7 +828,7 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
         assert rt.link.state == "ready" and not any("fault" in e for _, e in rt.ledger.events)
         assert planner.explorations_abandoned == 1 and planner.explore_spent_s >= 0.025
         assert device.predict(call.op, call.family, call.dtype, call.flops)[0] > 2 * before  # at least the wait
-        rep = fusion_shim.report()
+        rep = fusion_shim.report(format="json")
         assert rep["planner"]["explorations_abandoned"] == 1
         w = rep["planner"]["workers"][0]
         assert w["speed_vs_benchmark"] > 0 and w["speed_vs_benchmark_calls"] >= 1  # the waited-for call's

@@ -134,13 +134,34 @@ class _ByValue:
                 cloudpickle.unregister_pickle_by_value(self.module)
 
 
+def _code_parts(co: Any, out: list) -> None:
+    out += [co.co_code, repr((co.co_names, co.co_varnames, co.co_freevars, co.co_cellvars, co.co_firstlineno))]
+    for const in co.co_consts:
+        if inspect.iscode(const):
+            _code_parts(const, out)
+        elif isinstance(const, frozenset):
+            out.append(repr(sorted(map(repr, const))))
+        else:
+            out.append(f"{type(const).__name__}:{const!r}")
+
+
 def source_hash(fn: Callable) -> str | None:
-    """The hash of a function's source, None where it has none (a lambda typed at a prompt)."""
+    """The hash of a function's source as its file holds it now and of the code it was compiled to
+    (D190: a module edited after its import is not the code this process runs); None where it has
+    no source (a lambda typed at a prompt)."""
     try:
         text = inspect.getsource(fn)
     except (OSError, TypeError):
         return None
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    parts = [text]
+    code_obj = getattr(fn, "__code__", None)
+    if code_obj is not None:
+        _code_parts(code_obj, parts)
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(part if isinstance(part, bytes) else part.encode("utf-8", "surrogatepass"))
+        digest.update(b"\0")
+    return digest.hexdigest()[:32]
 
 
 def by_reference(fn: Callable) -> dict | None:

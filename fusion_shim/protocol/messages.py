@@ -140,9 +140,13 @@ def read_timing(reply: dict) -> Timing:
 
 # --- stages (opt-in: docs/stages.md) --------------------------------------------------------------------
 
-def stage_header(rid: int, fn: dict | None, versions: dict, deadline_s: float) -> dict:
-    """The header of a ``stage`` request: the function by reference (``fn``) or by value (None)."""
-    return {"t": "stage", "id": rid, "fn": fn, "versions": versions, "deadline_s": float(deadline_s)}
+def stage_header(rid: int, fn: dict | None, versions: dict, deadline_s: float, run: str | None = None) -> dict:
+    """The header of a ``stage`` request: the function by reference (``fn``) or by value (None);
+    ``run``: the client program's run, whose stages share one stage process on the worker."""
+    header = {"t": "stage", "id": rid, "fn": fn, "versions": versions, "deadline_s": float(deadline_s)}
+    if run is not None:
+        header["run"] = run
+    return header
 
 
 def stage_result(rid: int, payload: np.ndarray, results: Sequence[np.ndarray], changed: Sequence[int],

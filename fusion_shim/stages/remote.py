@@ -3,6 +3,8 @@ the worker's stage process holds them), the one resend (by value, or the functio
 the answer read back: the return value, the arguments changed in place, the stage's exception."""
 from __future__ import annotations
 
+import os
+import secrets
 import time
 from typing import Any, NamedTuple
 
@@ -13,6 +15,18 @@ from ..protocol import code, messages, wire
 from ..protocol.fingerprint import fingerprint, worth_keeping
 
 DEADLINE_SLACK_S = 1.0  # the worker's own deadline ends first: its answer says the stage ran out
+
+
+_RUN: dict[int, str] = {}  # pid -> this program run's name: a forked child is a run of its own
+
+
+def run_name() -> str:
+    """D190: names this run to the worker, which gives it a stage process of its own."""
+    pid = os.getpid()
+    if pid not in _RUN:
+        _RUN.clear()
+        _RUN[pid] = secrets.token_hex(12)
+    return _RUN[pid]
 
 
 class Refused(Exception):
@@ -58,7 +72,7 @@ def send(link: Any, fn: Any, ref: dict | None, packed: Packed, held: set, deadli
     items = [wire.to_wire(payload), *packed.items]
     fps = [None, *packed.fps]
     refs = [i + 1 for i, fp in enumerate(packed.fps) if fp is not None and fp in held]
-    header = messages.stage_header(link.next_id(), ref, code.versions(), deadline_s)
+    header = messages.stage_header(link.next_id(), ref, code.versions(), deadline_s, run_name())
     req = messages.Request(header, items, fps, refs)
     ans = chan.request(req, time.monotonic() + deadline_s + DEADLINE_SLACK_S, link.watch, lane=None)
     sent, received = chan.last_bytes_sent, chan.last_bytes_received

@@ -21,6 +21,7 @@ import numpy as np
 from ..protocol import code
 from ..protocol.fingerprint import fingerprint
 from ..protocol.wire import to_wire
+from .isolation import non_dumpable
 
 KEEP_BYTES = 2 << 30  # arrays kept for later jobs of this principal
 NOTE = {"text": ""}  # said with every answer: why the stage's NumPy calls stay on the CPU, if they do
@@ -143,6 +144,7 @@ def device_shim(device: str) -> Any:
 
 
 def main(argv: list[str]) -> int:
+    non_dumpable()  # D189: another principal's stage process (the same uid) cannot read this one
     conn = Connection(int(argv[0]))
     if len(argv) > 1 and argv[1] in SHIM_DEVICES:
         try:

@@ -10,6 +10,8 @@ stage call starts a new one. This module never unpickles: only the child does.
 """
 from __future__ import annotations
 
+import collections
+import json
 import os
 import queue
 import socket
@@ -26,8 +28,10 @@ import numpy as np
 
 from ..protocol import messages, wire
 from ..transport.principal import Principal
+from .isolation import BOOT, STAGE_USER, child_env, child_path, non_dumpable, stage_ids, why_not_other_user
 
 MAX_DEADLINE_S = 24 * 3600.0
+RUNS_PER_PRINCIPAL = 4  # D190: live stage processes one principal may hold; the least recent goes first
 BUSY_POLL_MS = 2  # how often the loop looks for finished stages while some run
 CHILD_EXIT_S = 5.0
 
@@ -42,14 +46,20 @@ def _versions() -> dict[str, str]:
 
 
 class StageHost:
-    """``allow``: ``"any"`` (every authenticated principal) or ``"parent:PID"`` (that process only)."""
+    """``allow``: ``"any"`` (every authenticated principal) or ``"parent:PID"`` (that process only);
+    ``user``: who stage code runs as where this worker is root (D189)."""
 
-    def __init__(self, allow: str, max_bytes: int, device: str = "cpu"):
+    def __init__(self, allow: str, max_bytes: int, device: str = "cpu", user: str | int | None = STAGE_USER):
         self.allow, self.max_bytes = allow, max_bytes
         self.device = device  # the worker's device type: a stage's NumPy calls go there (D175)
         self.versions = _versions()
+        self.ids = stage_ids(user)
+        # D189: said with every answer where stage code runs as root, with the worker's reach
+        self.note = "" if self.ids is not None or os.geteuid() != 0 else \
+            f"stage code ran as root, not as user {user}: {why_not_other_user() or 'no stage user'}"
+        self.dumpable = not non_dumpable()  # D189: before any stage process exists
         self.done: queue.SimpleQueue = queue.SimpleQueue()  # (routing identity, reply frames)
-        self.children: dict[str, _Child] = {}
+        self.children: collections.OrderedDict[tuple, _Child] = collections.OrderedDict()
         self.running = 0
         self._lock = threading.Lock()
 
@@ -74,10 +84,14 @@ class StageHost:
             return self._reply(ident, messages.error(rid, "refused", "CodeRefused", why))
         if not arrays or isinstance(arrays[0], wire.Ref) or arrays[0].dtype != np.uint8 or arrays[0].ndim != 1:
             return self._reply(ident, messages.error(rid, "bad_request", "WireError", "a stage's payload is |u1"))
-        with self._lock:
-            child = self.children.get(principal.name)
-            if child is None:
-                child = self.children[principal.name] = _Child(self)
+        run = header.get("run")
+        key = (principal.name, run if isinstance(run, str) and len(run) <= 64 else ident.hex())
+        with self._lock:  # D190: a process per run, so a run sees its modules as they are now
+            child = self.children.pop(key, None) or _Child(self)
+            self.children[key] = child
+            theirs = [k for k in self.children if k[0] == principal.name]
+            for old in theirs[:-RUNS_PER_PRINCIPAL]:
+                self.children.pop(old).jobs.put(None)
             self.running += 1
         child.jobs.put((ident, rid, header, arrays))
         return True
@@ -137,31 +151,40 @@ class _Child:
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.proc: subprocess.Popen | None = None
         self.conn: Connection | None = None
+        self.lock = threading.Lock()
         threading.Thread(target=self._loop, name="fusion-shim-stages", daemon=True).start()
 
     def _start(self) -> None:
         ours, theirs = socket.socketpair()
-        env = {**os.environ, "FUSION_SHIM": "0"}
-        pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, os.getcwd(), env.get("PYTHONPATH")) if p)
-        self.proc = subprocess.Popen([sys.executable, "-m", "fusion_shim.worker.stagechild", str(theirs.fileno()),
-                                      self.host.device],
-                                     pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL)
-        theirs.close()
+        ids = self.host.ids
+        drop = {} if ids is None else {"user": ids[0], "group": ids[1], "extra_groups": [], "cwd": "/"}
+        try:  # D189: isolated (-I), only the socket inherited, as an unprivileged user where we are root
+            self.proc = subprocess.Popen([sys.executable, "-I", "-c", BOOT, json.dumps(child_path()),
+                                          str(theirs.fileno()), self.host.device],
+                                         pass_fds=[theirs.fileno()], env=child_env(ids), stdin=subprocess.DEVNULL,
+                                         **drop)
+        except OSError as exc:
+            ours.close()
+            who = "" if ids is None else f" as uid {ids[0]} (its Python and this package must be readable to it)"
+            raise OSError(f"the stage process did not start{who}: {type(exc).__name__}: {exc}") from None
+        finally:
+            theirs.close()
         self.conn = Connection(ours.detach())
 
     def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(CHILD_EXIT_S)
-        if self.conn is not None:
-            self.conn.close()
-        self.proc = self.conn = None
+        with self.lock:  # the worker's close and a retiring thread may both get here
+            proc, conn, self.proc, self.conn = self.proc, self.conn, None, None
+        if proc is not None:
+            proc.kill()
+            proc.wait(CHILD_EXIT_S)
+        if conn is not None:
+            conn.close()
 
     def _loop(self) -> None:
         while True:
             job = self.jobs.get()
             if job is None:
+                self.kill()
                 return
             ident, rid, header, arrays = job
             try:
@@ -204,4 +227,4 @@ class _Child:
         nres = answer["nres"]
         return messages.stage_result(rid, np.frombuffer(bufs[0], np.uint8), out[:nres], answer["changed"],
                                      out[nres:], answer["raised"], {"stage": answer["stage_s"]},
-                                     str(answer.get("note") or ""))
+                                     "; ".join(n for n in (str(answer.get("note") or ""), self.host.note) if n))

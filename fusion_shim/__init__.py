@@ -60,13 +60,14 @@ _started = False
 
 
 def _start():
-    """What ``fusion_shim.pth`` runs at interpreter start when ``FUSION_SHIM`` is set and not "0":
+    """What ``fusion_shim.pth`` runs at interpreter start when ``FUSION_SHIM`` is set and not off:
     a hook on ``numpy`` that installs the shim when it is imported, and nothing else loaded. Settings
     given as ``FUSION_SHIM_*`` variables are checked now, so that an invalid one fails before the
     program runs; with none given the defaults need no check. Children inherit the variable, and so
     the shim; they also inherit ``FUSION_SHIM_WORKER`` once this process has started its worker."""
     global _started
-    if _started:
+    switch = os.environ.get("FUSION_SHIM")  # unset: a sitecustomize that imports _bootstrap starts it
+    if _started or (switch is not None and not _switched_on(switch)):
         return
     _started = True
     t = time.perf_counter()
@@ -105,6 +106,21 @@ class _AtNumpy:
         _hooks.SPENT["bootstrap"] = self.spent + time.perf_counter() - t  # before the hook: it may run now
         _hooks.when_imported("numpy", lambda numpy: _install_at_numpy(env))
         return _hooks.FINDER
+
+
+def _switched_on(raw):
+    """``FUSION_SHIM`` read as every boolean setting is (D186); an invalid value ends the process
+    with code 2 and the valid values, before the program runs."""
+    if raw in ("1", "true", "yes", "on"):  # the usual spellings, without loading config
+        return True
+    from .config import ConfigError, _bool
+
+    try:
+        return _bool("FUSION_SHIM", raw)
+    except ConfigError as exc:
+        sys.stderr.write(f"fusion_shim: {exc}\n")
+        sys.stderr.flush()
+        os._exit(2)  # as in _checked_config: the .pth runs inside site's import
 
 
 def _checked_config(env):

@@ -300,8 +300,15 @@ def _load_script(path: str, stages: tuple[str, ...] = ()) -> tuple[Any, types.Mo
     main_mod.__builtins__ = builtins
     main_mod.__loader__ = None
     main_mod.__spec__ = None
-    sys.path[0] = os.path.dirname(os.path.realpath(path))
+    _program_path0(os.path.dirname(os.path.realpath(path)))
     return code, main_mod, path
+
+
+def _program_path0(entry: str) -> None:
+    """The program's first ``sys.path`` entry, as plain python puts it (none under -P); the entry
+    points took the launcher's own out (D185)."""
+    if not getattr(sys.flags, "safe_path", False):
+        sys.path.insert(0, entry)
 
 
 def _main_stages(stages: tuple[str, ...], script: str | None, module: str | None = None) -> set[str]:
@@ -313,7 +320,7 @@ def _main_stages(stages: tuple[str, ...], script: str | None, module: str | None
 
 
 def _load_module(name: str, stages: tuple[str, ...] = ()) -> tuple[Any, types.ModuleType | None, str]:
-    sys.path[0] = os.getcwd()  # what `python -m` puts first
+    _program_path0(os.getcwd())  # what `python -m` puts first
     try:
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.submodule_search_locations is not None:
@@ -468,4 +475,6 @@ def report_main(argv: list[str]) -> int:
 
 def entry() -> None:
     """The ``fusion-shim`` console script."""
+    if not getattr(sys.flags, "safe_path", False) and sys.path:
+        del sys.path[0]  # the script's directory: the program's own goes there (_program_path0)
     sys.exit(main())

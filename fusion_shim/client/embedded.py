@@ -48,10 +48,10 @@ def spawn(url: str, tmpdir: str, device: str, policy: str) -> subprocess.Popen:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
     env["FUSION_SHIM"] = "0"  # the worker must not intercept (nor start a worker of its own)
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
+    paths = import_paths(env.get("PYTHONPATH", ""))
+    env["PYTHONPATH"] = os.pathsep.join(paths)  # what the worker's own children inherit
     log = open(os.path.join(tmpdir, "worker.log"), "ab")
-    cmd = [sys.executable, "-m", "fusion_shim", "worker", "--bind", url, "--device", device,
+    cmd = [*isolated_python(paths), "worker", "--bind", url, "--device", device,
            "--parent-pid", str(os.getpid()), "--allow-code", "parent"]
     # D21: a process group of its own (Ctrl-C is the program's), in the program's session, whose
     # scheduling group it then shares
@@ -61,6 +61,32 @@ def spawn(url: str, tmpdir: str, device: str, policy: str) -> subprocess.Popen:
     if policy == "auto":
         lower_priority(proc.pid)
     return proc
+
+
+def import_paths(pythonpath: str) -> list[str]:
+    """The directories a process the shim starts imports from besides the interpreter's own: this
+    package's parent, then the absolute ``PYTHONPATH`` entries, never the current directory (D185)."""
+    cwd = os.path.realpath(os.getcwd())
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out: list[str] = []
+    for p in (pkg_parent, *pythonpath.split(os.pathsep)):
+        if p and os.path.isabs(p) and os.path.realpath(p) != cwd and p not in out:
+            out.append(p)
+    return out
+
+
+def isolated_python(paths: list[str]) -> list[str]:
+    """D185: this interpreter in isolated mode (``-I``: no current directory or script directory on
+    ``sys.path``, no ``PYTHON*`` variable, no user site), running the package's command line with
+    ``paths`` put first and the user site added back where this process has it; arguments follow."""
+    import site
+
+    user = site.getusersitepackages() if site.ENABLE_USER_SITE else None
+    user = user if user in sys.path else None
+    boot = (f"import sys; sys.path[:0] = {paths!r}; "
+            + (f"import site; site.addsitedir({user!r}); " if user else "")
+            + "from fusion_shim.cli import main; sys.exit(main())")
+    return [sys.executable, "-I", "-c", boot]
 
 
 def lower_priority(pid: int) -> None:

@@ -246,12 +246,24 @@ def _median(xs: list[float]) -> float:
 
 
 def write_json(report: dict[str, Any], path: str) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        import json  # here: the report is built at exit, and written only with --report
+    import json  # here: the report is built at exit, and written only with --report
 
-        json.dump(report, f, indent=1, default=str)
-    os.replace(tmp, path)
+    _replace_with(path, lambda f: json.dump(report, f, indent=1, default=str))
+
+
+def _replace_with(path: str, dump: Any) -> None:
+    """``dump(file)`` into a temporary beside ``path``, then renamed over it; no temporary left on failure."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            dump(f)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _mb(n: float) -> str:
@@ -453,18 +465,33 @@ def _sites_and_reasons(sm: dict[str, Any], ops: dict[str, Any]) -> list[str]:
 
 
 def at_exit(rt: RunView, stream: TextIO | None = None) -> None:
+    """Write the report's files, then the table on stderr; D188: a file that cannot be written is named
+    with its reason after the table, which then appears even under ``quiet``."""
     report = build(rt)
+    failed = []
     if rt.config.report:
-        write_json(report, rt.config.report)
+        failed += _written(write_json, report, rt.config.report, "report")
     if rt.config.trace:
         from .trace import write_trace
 
-        write_trace(report, rt.config.trace)
+        failed += _written(write_trace, report, rt.config.trace, "trace")
     operators = report["operators"]
     # a program that only uses `@` must still learn that it was not intercepted
     unexpected = not operators["intercepted"] and operators["why"] not in ("policy local", "FUSION_SHIM_NATIVE=0")
-    if not rt.config.quiet and (report["ops"] or rt.config.report or unexpected):
-        print(format_table(report), file=stream or sys.stderr)
+    out = stream or sys.stderr
+    if failed or (not rt.config.quiet and (report["ops"] or rt.config.report or unexpected)):
+        print(format_table(report), file=out)
+    for line in failed:
+        print(line, file=out)
+
+
+def _written(write: Any, report: dict[str, Any], path: str, what: str) -> list[str]:
+    """``write(report, path)``; nothing, or the line that says why the file is missing."""
+    try:
+        write(report, path)
+    except OSError as exc:
+        return [f"fusion_shim: {what} not written to {os.path.abspath(path)}: {exc.strerror or exc}"]
+    return []
 
 
 def load(path: str) -> dict[str, Any]:

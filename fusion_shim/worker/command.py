@@ -78,7 +78,8 @@ def start(p: argparse.ArgumentParser, opts: argparse.Namespace, make: Callable[.
         extra = {"allow_code": allow_code} if allow_code else {}  # a make() of tests takes none
         worker = (make or Worker)(device, opts.memory_budget, max_bytes=max_bytes, bench_cache=not opts.fresh_bench,
                                   **extra)
-        serve(opts.bind, worker, parent_pid=opts.parent_pid, keys=keys, insecure=opts.insecure)
+        on_bound = unlink_on_sigterm if opts.parent_pid is None else None  # D187: the client removes its own
+        serve(opts.bind, worker, parent_pid=opts.parent_pid, keys=keys, insecure=opts.insecure, on_bound=on_bound)
         if opts.parent_pid is not None:
             remove_run_dir(opts.bind, opts.parent_pid)
     except (KeyFileError, OSError) as exc:
@@ -96,6 +97,34 @@ def default_keys(url: str) -> str | None:
     if check_url(url) != "tcp" or not is_loopback(url):
         return None
     return ensure_user_keys()
+
+
+def unlink_on_sigterm(endpoint: str) -> None:
+    """D187: the ``ipc://`` socket file just bound goes when SIGTERM ends this process, which then
+    dies by that signal as before; only the file bound here (same inode), never one bound since."""
+    import signal
+    import threading
+
+    path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else ""
+    if not path or path.startswith("@") or threading.current_thread() is not threading.main_thread():
+        return  # not a file (abstract names, tcp), or a worker served in a thread (tests)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return
+    bound = (st.st_dev, st.st_ino)
+
+    def on_sigterm(signum: int, _frame: Any) -> None:
+        try:
+            st = os.lstat(path)
+            if (st.st_dev, st.st_ino) == bound:
+                os.unlink(path)
+        except OSError:
+            pass
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 def remove_run_dir(url: str, parent_pid: int) -> None:

@@ -108,6 +108,7 @@ class Worker:
         self.principal = ANON  # whose request is being handled
         self.allow_code = allow_code  # code from clients (docs/stages.md)
         self.stages = None  # its host, made at the first stage request (D177)
+        self.key_dirs: list[str] = []  # D215: kept out of stage processes' sandboxes
         self.plans = Plans()  # D75: admitted plain calls, by their header but for its id
 
     def stage_host(self, frames: list) -> Any:
@@ -118,7 +119,7 @@ class Worker:
             from .stages import StageHost
 
             device_type = getattr(getattr(self.backend, "device", None), "type", "cpu")
-            self.stages = StageHost(self.allow_code, self.max_bytes, device_type)
+            self.stages = StageHost(self.allow_code, self.max_bytes, device_type, keys=self.key_dirs)
         return self.stages
 
     def enable_shm(self, url: str) -> None:
@@ -513,6 +514,7 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
             from ..auth import secure_server, secure_server_with
 
             auth = secure_server(ctx, sock, keys) if isinstance(keys, str) else secure_server_with(ctx, sock, *keys)
+            worker.key_dirs.extend([keys] if isinstance(keys, str) else [])
         sock.bind(url)
     except BaseException:
         sock.close(linger=0)

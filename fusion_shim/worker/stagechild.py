@@ -21,10 +21,9 @@ import numpy as np
 from ..protocol import code
 from ..protocol.fingerprint import fingerprint
 from ..protocol.wire import to_wire
-from .isolation import non_dumpable
 
 KEEP_BYTES = 2 << 30  # arrays kept for later jobs of this principal
-NOTE = {"text": ""}  # said with every answer: why the stage's NumPy calls stay on the CPU, if they do
+NOTE = {"text": ""}  # said with every answer: what of the sandbox does not hold, why NumPy stays on the CPU
 
 
 class Held:
@@ -143,15 +142,16 @@ def device_shim(device: str) -> Any:
     return fusion_shim.install(policy="remote", worker=DEVICE_URL, quiet=True)
 
 
-def main(argv: list[str]) -> int:
-    non_dumpable()  # D189: another principal's stage process (the same uid) cannot read this one
+def main(argv: list[str], unconfined: str = "") -> int:
+    """``unconfined``: what of the sandbox does not hold (:func:`.isolation.confine`, already run)."""
     conn = Connection(int(argv[0]))
+    NOTE["text"] = unconfined
     if len(argv) > 1 and argv[1] in SHIM_DEVICES:
         try:
             device_shim(argv[1])
         except Exception as exc:  # no device shim: the stages run with NumPy on this host's CPUs
-            NOTE["text"] = (f"its NumPy calls ran on the worker's CPUs, not its {argv[1]} device: "
-                            f"{type(exc).__name__}: {exc}")[:300]
+            NOTE["text"] = "; ".join(filter(None, (unconfined, (
+                f"its NumPy calls ran on the worker's CPUs, not its {argv[1]} device: {type(exc).__name__}: {exc}")[:300])))
     held = Held()
     while True:
         try:
@@ -161,4 +161,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], "started by hand: no sandbox"))

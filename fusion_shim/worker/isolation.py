@@ -134,12 +134,22 @@ def landlock_abi() -> int:
     return max(ret, 0)
 
 
+KEY_DIRS: set[str] = set()  # D215: the --keys directories of the workers this process serves
+
+
+def protect(keys: str) -> str:
+    """Keep ``keys`` (a worker's ``--keys`` directory) out of every stage process's sandbox; returns it."""
+    KEY_DIRS.add(os.path.realpath(keys))
+    return keys
+
+
 def protected_dirs(keys: list[str] = ()) -> list[str]:
-    """Directories a stage must never read: this user's fusion_shim configuration (its keys) and
-    the worker's ``--keys`` directories."""
+    """Directories a stage must never read: this user's fusion_shim configuration (its keys), the
+    ``--keys`` directories of this process's workers, and ``keys``."""
     base = os.environ.get("XDG_CONFIG_HOME")
     base = base if base and os.path.isabs(base) else os.path.join(os.path.expanduser("~"), ".config")
-    return list(dict.fromkeys(os.path.realpath(p) for p in (os.path.join(base, "fusion_shim"), *keys)))
+    dirs = (os.path.join(base, "fusion_shim"), *sorted(KEY_DIRS), *keys)
+    return list(dict.fromkeys(os.path.realpath(p) for p in dirs))
 
 
 def _within(path: str, root: str) -> bool:

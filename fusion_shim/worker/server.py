@@ -108,7 +108,6 @@ class Worker:
         self.principal = ANON  # whose request is being handled
         self.allow_code = allow_code  # code from clients (docs/stages.md)
         self.stages = None  # its host, made at the first stage request (D177)
-        self.key_dirs: list[str] = []  # D215: kept out of stage processes' sandboxes
         self.plans = Plans()  # D75: admitted plain calls, by their header but for its id
 
     def stage_host(self, frames: list) -> Any:
@@ -119,7 +118,7 @@ class Worker:
             from .stages import StageHost
 
             device_type = getattr(getattr(self.backend, "device", None), "type", "cpu")
-            self.stages = StageHost(self.allow_code, self.max_bytes, device_type, keys=self.key_dirs)
+            self.stages = StageHost(self.allow_code, self.max_bytes, device_type)
         return self.stages
 
     def enable_shm(self, url: str) -> None:
@@ -512,9 +511,8 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
     try:
         if keys is not None:
             from ..auth import secure_server, secure_server_with
-
-            auth = secure_server(ctx, sock, keys) if isinstance(keys, str) else secure_server_with(ctx, sock, *keys)
-            worker.key_dirs.extend([keys] if isinstance(keys, str) else [])
+            from .isolation import protect  # D215: no stage process reads the keys
+            auth = secure_server(ctx, sock, protect(keys)) if isinstance(keys, str) else secure_server_with(ctx, sock, *keys)
         sock.bind(url)
     except BaseException:
         sock.close(linger=0)

@@ -50,11 +50,9 @@ def _versions() -> dict[str, str]:
 
 class StageHost:
     """``allow``: ``"any"`` (every authenticated principal) or ``"parent:PID"`` (that process only);
-    ``user``: who stage code runs as where this worker is root (D189); ``keys``: directories no
-    stage process may read (the worker's ``--keys``, D215)."""
+    ``user``: who stage code runs as where this worker is root (D189)."""
 
-    def __init__(self, allow: str, max_bytes: int, device: str = "cpu", user: str | int | None = STAGE_USER,
-                 keys: list[str] = ()):
+    def __init__(self, allow: str, max_bytes: int, device: str = "cpu", user: str | int | None = STAGE_USER):
         self.allow, self.max_bytes = allow, max_bytes
         self.device = device  # the worker's device type: a stage's NumPy calls go there (D175)
         self.versions = _versions()
@@ -67,7 +65,6 @@ class StageHost:
         self.children: collections.OrderedDict[tuple, _Child] = collections.OrderedDict()
         self.running = 0
         self._lock = threading.Lock()
-        self.keys = list(keys)  # D215: the worker's --keys, no stage may read them; nor this user's configuration
 
     def poll_ms(self, idle_ms: int) -> int:
         return BUSY_POLL_MS if self.running else idle_ms
@@ -167,7 +164,7 @@ class _Child:
         if ids is not None:
             os.chown(self.tmp, *ids)
         env = {**child_env(ids), "TMPDIR": self.tmp}
-        spec = isolation.sandbox_spec(self.tmp, self.host.keys)
+        spec = isolation.sandbox_spec(self.tmp)
         ours, theirs = socket.socketpair()
         drop = {} if ids is None else {"user": ids[0], "group": ids[1], "extra_groups": [], "cwd": "/"}
         try:  # D189: isolated (-I), only the socket inherited, as an unprivileged user where we are root

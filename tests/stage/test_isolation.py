@@ -115,9 +115,12 @@ def test_a_stage_cannot_read_the_workers_keys_directory_where_it_lies_beneath_on
     beside = os.path.join(under_package_parent, "open.txt")
     with open(beside, "w") as f:
         f.write("anyone's\n")
-    code_worker[1].key_dirs.append(os.path.dirname(key))  # as serve(keys=DIR) records its --keys
-    rt = install(code_worker[0], stages=(f"{M}:read_file",))
-    got, other = isolationfns.read_file(key), isolationfns.read_file(beside)
+    isolation.protect(os.path.dirname(key))  # as serve(keys=DIR) does
+    try:
+        rt = install(code_worker[0], stages=(f"{M}:read_file",))
+        got, other = isolationfns.read_file(key), isolationfns.read_file(beside)
+    finally:
+        isolation.KEY_DIRS.discard(os.path.realpath(os.path.dirname(key)))
     _on_worker(rt, "read_file")
     assert (got, other) == ("PermissionError", "done")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import sys
 import time
+import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -23,6 +24,7 @@ from ..protocol.fingerprint import fingerprint
 from ..protocol.wire import to_wire
 
 KEEP_BYTES = 2 << 30  # arrays kept for later jobs of this principal
+MAX_TRACEBACK = 16_000  # characters of it sent back
 NOTE = {"text": ""}  # said with every answer: what of the sandbox does not hold, why NumPy stays on the CPU
 
 
@@ -95,7 +97,7 @@ def run_job(conn: Connection, held: Held) -> None:
         fn = packed_fn if fn is None else fn
         value: Any = fn(*args, **kwargs)
     except BaseException as exc:  # the stage's own exception goes back to its caller
-        raised, value = True, exc
+        raised, value = True, _with_frames(exc)
     took = time.perf_counter() - t
     changed = [i for i, (fp, a) in enumerate(zip(before, arrays)) if _fp(a) != fp]
     for i, m in enumerate(metas):
@@ -114,6 +116,18 @@ def run_job(conn: Connection, held: Held) -> None:
     header = {"ok": True, "raised": raised, "nres": len(results), "changed": changed, "stage_s": took, "note": NOTE["text"],
               "metas": [meta for meta, _ in wired]}
     _answer(conn, header, [data, *(buf for _, buf in wired)])
+
+
+def _with_frames(exc: BaseException) -> BaseException:
+    """``exc`` carrying the stage's own traceback as text (D216): frames do not pickle, and the
+    caller would see only its side's."""
+    tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None  # the stage's, not run_job's
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    try:
+        setattr(exc, code.STAGE_TRACEBACK, text[-MAX_TRACEBACK:].rstrip())
+    except Exception:  # an exception that takes no attributes: sent without its frames
+        pass
+    return exc
 
 
 def _answer(conn: Connection, header: dict, buffers: list) -> None:

@@ -106,6 +106,7 @@ SYSTEM_READ = ("/usr", "/lib", "/lib32", "/lib64", "/bin", "/etc/ld.so.cache", "
                "/etc/host.conf", "/etc/gai.conf", "/etc/services", "/etc/protocols", "/sys/devices/system/cpu",
                "/sys/devices/system/node", "/proc/cpuinfo", "/proc/meminfo", "/proc/stat")
 DEVICES = ("/dev/null", "/dev/zero", "/dev/urandom", "/dev/random", "/proc/driver/nvidia")
+GPU_READ = ("/sys/bus/pci", "/sys/module/nvidia", "/sys/module/nvidia_uvm", "/proc/modules")  # where /dev/nvidia* is
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -198,8 +199,13 @@ def sandbox_spec(tmp: str, keys: list[str] = ()) -> dict:
     wanted.append(cache_dir())
     read = [r for p in dict.fromkeys(wanted) if os.path.exists(p) for r in narrowed(p, protected)]
     devices = [p for p in DEVICES if os.path.exists(p)]
-    if os.path.isdir("/dev"):
-        devices += sorted(os.path.join("/dev", n) for n in os.listdir("/dev") if n.startswith("nvidia"))
+    gpus = sorted(os.path.join("/dev", n) for n in os.listdir("/dev") if n.startswith("nvidia")) \
+        if os.path.isdir("/dev") else []
+    if gpus:  # CUDA reads the PCI tree and the driver's parameters as it starts
+        pci = sorted(os.path.join("/sys/devices", n) for n in os.listdir("/sys/devices") if n.startswith("pci")) \
+            if os.path.isdir("/sys/devices") else []
+        read += [r for p in (*GPU_READ, *pci) if os.path.exists(p) for r in narrowed(p, protected)]
+    devices += gpus
     spec = {"read": list(dict.fromkeys(read)), "devices": devices, "write": [os.path.realpath(tmp)]}
     reach = reaches(spec, protected)
     assert not reach, f"a stage's sandbox would reach a key directory: {reach}"

@@ -125,6 +125,28 @@ def test_a_stage_cannot_read_the_workers_keys_directory_where_it_lies_beneath_on
     assert (got, other) == ("PermissionError", "done")
 
 
+def test_a_worker_served_with_keys_keeps_them_out_of_every_stage_sandbox(tmp_path):
+    from fusion_shim.auth import make_keys
+    from tests.stage.conftest import stage_worker
+
+    keys = str(tmp_path / "keys")
+    make_keys(keys, ["alice"])
+    assert os.path.realpath(keys) not in isolation.protected_dirs()
+    worker, thread, stop = stage_worker("tcp://127.0.0.1:*", keys=keys)
+    try:
+        assert os.path.realpath(keys) in isolation.protected_dirs()
+        assert isolation.reaches(isolation.sandbox_spec(str(tmp_path / "tmp"), [keys]), [keys]) == []
+    finally:
+        stop.set()
+        thread.join(10)
+        isolation.KEY_DIRS.discard(os.path.realpath(keys))
+
+
+def test_where_landlock_is_missing_the_stage_says_what_does_not_hold(monkeypatch):
+    monkeypatch.setattr(isolation, "landlock_abi", lambda: 0)
+    assert "no Landlock" in isolation.sandbox({"read": [], "devices": [], "write": []})
+
+
 @landlocked
 def test_a_stage_cannot_read_this_users_fusion_shim_configuration(code_worker, under_package_parent, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", under_package_parent)

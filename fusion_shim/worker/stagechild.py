@@ -164,8 +164,8 @@ def main(argv: list[str], unconfined: str = "") -> int:
         try:
             device_shim(argv[1])
         except Exception as exc:  # no device shim: the stages run with NumPy on this host's CPUs
-            NOTE["text"] = "; ".join(filter(None, (unconfined, (
-                f"its NumPy calls ran on the worker's CPUs, not its {argv[1]} device: {type(exc).__name__}: {exc}")[:300])))
+            cpu = f"its NumPy calls ran on the worker's CPUs, not its {argv[1]} device: {type(exc).__name__}: {exc}"
+            NOTE["text"] = "; ".join(filter(None, (unconfined, cpu[:300])))
     held = Held()
     while True:
         try:

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -200,18 +201,26 @@ stop.set()
 
 
 @landlocked
-def test_a_non_root_workers_stage_cannot_read_its_keys_nor_signal_it(tmp_path):
+def test_a_non_root_workers_stage_cannot_read_its_keys_nor_signal_it(open_dir):
     user = "fusion-shim-stage-test"
     if os.geteuid() != 0 or shutil.which("useradd") is None:
         pytest.skip("making a user needs root and useradd")
     if why_not_other_user() is not None:
         pytest.skip(f"another user cannot run this Python: {why_not_other_user()}")
+    import site
+
+    closed = [p for p in (*site.getsitepackages(), os.path.join(PKG_PARENT, "tests")) if not isolation._open_to_all(p)]
+    if closed:
+        pytest.skip(f"another user cannot read {closed}")
+    if subprocess.run(["useradd", "--system", "--no-create-home", user], capture_output=True).returncode != 0:
+        pytest.skip("useradd failed")
     try:
-        pwd.getpwnam(user)
-    except KeyError:
-        if subprocess.run(["useradd", "--system", "--no-create-home", user], capture_output=True).returncode != 0:
-            pytest.skip("useradd failed")
-    entry = pwd.getpwnam(user)
+        _run_as_non_root_worker(pwd.getpwnam(user), Path(open_dir))
+    finally:
+        subprocess.run(["userdel", user], capture_output=True)
+
+
+def _run_as_non_root_worker(entry, tmp_path):
     os.chown(tmp_path, entry.pw_uid, entry.pw_gid)
     key = _secret(str(tmp_path / "keys"))
     os.chown(os.path.dirname(key), entry.pw_uid, entry.pw_gid)

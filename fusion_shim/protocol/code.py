@@ -23,6 +23,7 @@ import numpy as np
 from .wire import DTYPES
 
 BY_VALUE_NAMES = ("__main__", "__mp_main__")
+STAGE_TRACEBACK = "_fusion_shim_stage_traceback"  # D216: the attribute a stage's exception carries its frames in
 
 
 def versions() -> dict[str, str]:

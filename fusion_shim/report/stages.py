@@ -1,6 +1,6 @@
 """The report's stages (docs/stages.md): one row per stage, its calls by place, bytes each way, its
 time here and there, predicted against measured, the intercepted calls seen inside it while it ran
-here, and why it was pinned here. Read from the ledger's records and the run's stage runner."""
+here, what it raised, and why it was pinned here. Read from the ledger's records and the run's stage runner."""
 from __future__ import annotations
 
 import sys
@@ -17,8 +17,10 @@ def stages_section(rt: Any, records: list[dict]) -> dict[str, Any] | None:
             continue
         row = rows.setdefault(r["op"][len(PREFIX):], {
             "calls": 0, "worker": 0, "local": 0, "fallback": 0, "bytes_sent": 0, "bytes_received": 0,
-            "here_s": 0.0, "there_s": 0.0, "predicted_there_s": 0.0, "predicted_n": 0, "inner": {}, "pinned": None})
+            "here_s": 0.0, "there_s": 0.0, "predicted_there_s": 0.0, "predicted_n": 0, "inner": {}, "pinned": None, "raised": {}})
         row["calls"] += 1
+        if r.get("raised"):  # the stage's own exception, here or on the worker
+            row["raised"][r["raised"]] = row["raised"].get(r["raised"], 0) + 1
         row[r["kind"] if r["kind"] in ("worker", "fallback") else "local"] += 1
         row["bytes_sent"] += r["bytes_sent"]
         row["bytes_received"] += r["bytes_received"]
@@ -55,6 +57,8 @@ def stage_lines(section: dict[str, Any] | None) -> list[str]:
                      f"{s['there_s']:>8.3f}  {predicted}")
         for op, (n, nbytes) in sorted(s["inner"].items()):
             lines.append(f"      inside, while run here: {op} x{n} ({nbytes / 1e6:.1f} MB in)")
+        if s.get("raised"):
+            lines.append("      raised: " + ", ".join(f"{name} x{n}" for name, n in sorted(s["raised"].items())))
         if s["pinned"]:
             lines.append(f"      pinned here: {s['pinned']}")
     return lines

@@ -15,7 +15,7 @@ from ..errors import FallbackError
 from ..ledger import Record, call_site
 from ..verify import Sampler
 from .decide import Decider, Measured, Reused, array_bytes, shape_key
-from .state import Raised, depth as _depth
+from .state import Raised, RemoteTraceback, depth as _depth
 
 _runners: "weakref.WeakKeyDictionary[Any, Runner]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
@@ -62,9 +62,11 @@ class Runner:
             done, value = self._remote(stage, key, link, args, kwargs, rec)
             if done:
                 rec.wall_s = time.perf_counter() - t
+                if isinstance(value, Raised):  # D216: as a local run records it
+                    rec.raised = type(value.exc).__name__
                 self.rt.ledger.add(rec)
                 if isinstance(value, Raised):
-                    raise value.exc
+                    _raise(value.exc)
                 return value
             if self.config.strict:  # a fallback is an error in strict mode, as for calls
                 rec.wall_s = time.perf_counter() - t
@@ -179,6 +181,16 @@ class Runner:
         if check is not None:
             value = check.finish(stage, args, kwargs, value, rec)
         return True, value
+
+
+def _raise(exc: BaseException) -> None:
+    """Raise a stage's exception, caused by its frames on the worker where it carries them (D216)."""
+    from ..protocol.code import STAGE_TRACEBACK  # loaded already: the answer came through it
+
+    frames = getattr(exc, "__dict__", {}).pop(STAGE_TRACEBACK, None)
+    if isinstance(frames, str):
+        raise exc from RemoteTraceback(frames)
+    raise exc
 
 
 def _inner(seen: list[Record]) -> tuple[dict, dict, float]:

@@ -11,3 +11,11 @@ class Raised:
 
     def __init__(self, exc: BaseException):
         self.exc = exc
+
+
+class RemoteTraceback(Exception):
+    """The stage's own traceback on the worker, as text: the cause of the exception the program
+    gets (D216), as ``multiprocessing`` gives a pool task's."""
+
+    def __str__(self) -> str:
+        return f"\n\nThe stage's traceback, on the worker:\n{self.args[0]}" if self.args else ""

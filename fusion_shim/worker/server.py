@@ -511,8 +511,8 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
     try:
         if keys is not None:
             from ..auth import secure_server, secure_server_with
-
-            auth = secure_server(ctx, sock, keys) if isinstance(keys, str) else secure_server_with(ctx, sock, *keys)
+            from .isolation import protect  # D215: no stage process reads the keys
+            auth = secure_server(ctx, sock, protect(keys)) if isinstance(keys, str) else secure_server_with(ctx, sock, *keys)
         sock.bind(url)
     except BaseException:
         sock.close(linger=0)

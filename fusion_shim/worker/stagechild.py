@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import sys
 import time
+import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -21,10 +22,10 @@ import numpy as np
 from ..protocol import code
 from ..protocol.fingerprint import fingerprint
 from ..protocol.wire import to_wire
-from .isolation import non_dumpable
 
 KEEP_BYTES = 2 << 30  # arrays kept for later jobs of this principal
-NOTE = {"text": ""}  # said with every answer: why the stage's NumPy calls stay on the CPU, if they do
+MAX_TRACEBACK = 16_000  # characters of it sent back
+NOTE = {"text": ""}  # said with every answer: what of the sandbox does not hold, why NumPy stays on the CPU
 
 
 class Held:
@@ -96,7 +97,7 @@ def run_job(conn: Connection, held: Held) -> None:
         fn = packed_fn if fn is None else fn
         value: Any = fn(*args, **kwargs)
     except BaseException as exc:  # the stage's own exception goes back to its caller
-        raised, value = True, exc
+        raised, value = True, _with_frames(exc)
     took = time.perf_counter() - t
     changed = [i for i, (fp, a) in enumerate(zip(before, arrays)) if _fp(a) != fp]
     for i, m in enumerate(metas):
@@ -115,6 +116,18 @@ def run_job(conn: Connection, held: Held) -> None:
     header = {"ok": True, "raised": raised, "nres": len(results), "changed": changed, "stage_s": took, "note": NOTE["text"],
               "metas": [meta for meta, _ in wired]}
     _answer(conn, header, [data, *(buf for _, buf in wired)])
+
+
+def _with_frames(exc: BaseException) -> BaseException:
+    """``exc`` carrying the stage's own traceback as text (D216): frames do not pickle, and the
+    caller would see only its side's."""
+    tb = exc.__traceback__.tb_next if exc.__traceback__ is not None else None  # the stage's, not run_job's
+    text = "".join(traceback.format_exception(type(exc), exc, tb))
+    try:
+        setattr(exc, code.STAGE_TRACEBACK, text[-MAX_TRACEBACK:].rstrip())
+    except Exception:  # an exception that takes no attributes: sent without its frames
+        pass
+    return exc
 
 
 def _answer(conn: Connection, header: dict, buffers: list) -> None:
@@ -143,15 +156,16 @@ def device_shim(device: str) -> Any:
     return fusion_shim.install(policy="remote", worker=DEVICE_URL, quiet=True)
 
 
-def main(argv: list[str]) -> int:
-    non_dumpable()  # D189: another principal's stage process (the same uid) cannot read this one
+def main(argv: list[str], unconfined: str = "") -> int:
+    """``unconfined``: what of the sandbox does not hold (:func:`.isolation.confine`, already run)."""
     conn = Connection(int(argv[0]))
+    NOTE["text"] = unconfined
     if len(argv) > 1 and argv[1] in SHIM_DEVICES:
         try:
             device_shim(argv[1])
         except Exception as exc:  # no device shim: the stages run with NumPy on this host's CPUs
-            NOTE["text"] = (f"its NumPy calls ran on the worker's CPUs, not its {argv[1]} device: "
-                            f"{type(exc).__name__}: {exc}")[:300]
+            cpu = f"its NumPy calls ran on the worker's CPUs, not its {argv[1]} device: {type(exc).__name__}: {exc}"
+            NOTE["text"] = "; ".join(filter(None, (unconfined, cpu[:300])))
     held = Held()
     while True:
         try:
@@ -161,4 +175,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], "started by hand: no sandbox"))

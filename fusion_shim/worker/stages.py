@@ -14,9 +14,11 @@ import collections
 import json
 import os
 import queue
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from importlib import metadata
@@ -28,6 +30,7 @@ import numpy as np
 
 from ..protocol import messages, wire
 from ..transport.principal import Principal
+from . import isolation
 from .isolation import BOOT, STAGE_USER, child_env, child_path, non_dumpable, stage_ids, why_not_other_user
 
 MAX_DEADLINE_S = 24 * 3600.0
@@ -151,18 +154,24 @@ class _Child:
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.proc: subprocess.Popen | None = None
         self.conn: Connection | None = None
+        self.tmp: str | None = None
         self.lock = threading.Lock()
         threading.Thread(target=self._loop, name="fusion-shim-stages", daemon=True).start()
 
     def _start(self) -> None:
-        ours, theirs = socket.socketpair()
         ids = self.host.ids
+        self.tmp = tempfile.mkdtemp(prefix="fusion-shim-stage-")  # D214: the only place a stage may write
+        if ids is not None:
+            os.chown(self.tmp, *ids)
+        env = {**child_env(ids), "TMPDIR": self.tmp}
+        spec = isolation.sandbox_spec(self.tmp)
+        ours, theirs = socket.socketpair()
         drop = {} if ids is None else {"user": ids[0], "group": ids[1], "extra_groups": [], "cwd": "/"}
         try:  # D189: isolated (-I), only the socket inherited, as an unprivileged user where we are root
             self.proc = subprocess.Popen([sys.executable, "-I", "-c", BOOT, json.dumps(child_path()),
-                                          str(theirs.fileno()), self.host.device],
-                                         pass_fds=[theirs.fileno()], env=child_env(ids), stdin=subprocess.DEVNULL,
-                                         **drop)
+                                          isolation.__file__, json.dumps(spec), str(theirs.fileno()),
+                                          self.host.device],
+                                         pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL, **drop)
         except OSError as exc:
             ours.close()
             who = "" if ids is None else f" as uid {ids[0]} (its Python and this package must be readable to it)"
@@ -173,12 +182,14 @@ class _Child:
 
     def kill(self) -> None:
         with self.lock:  # the worker's close and a retiring thread may both get here
-            proc, conn, self.proc, self.conn = self.proc, self.conn, None, None
+            proc, conn, tmp, self.proc, self.conn, self.tmp = self.proc, self.conn, self.tmp, None, None, None
         if proc is not None:
             proc.kill()
             proc.wait(CHILD_EXIT_S)
         if conn is not None:
             conn.close()
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def _loop(self) -> None:
         while True:

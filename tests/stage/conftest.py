@@ -27,11 +27,11 @@ def _matmul(t, p):
     return [getattr(np.matmul, "__wrapped__", np.matmul)(t[0], t[1])]
 
 
-def stage_worker(url: str, allow_code: str | None = "any"):
+def stage_worker(url: str, allow_code: str | None = "any", **serve_kwargs):
     from fusion_shim.worker.server import Worker, serve_in_thread
 
     worker = Worker(backend=NumpyBackend(), kernels={"matmul": _matmul}, max_bytes=1 << 31, allow_code=allow_code)
-    thread, stop = serve_in_thread(url, worker=worker)
+    thread, stop = serve_in_thread(url, worker=worker, **serve_kwargs)
     return worker, thread, stop
 
 

@@ -90,3 +90,11 @@ class Box:
 
     def __init__(self, n):
         self.n = n
+
+
+def _deeper(a):
+    raise ValueError(f"deep trouble: {a.shape}")
+
+
+def fails_deep(a):
+    return _deeper(a)

@@ -208,3 +208,13 @@ def test_the_error_state_is_read_once_per_state_not_per_call(monkeypatch):
         assert len(reads) == n + 1
         with np.errstate(under="log"):
             assert call.fp_state()[0] is not None
+
+
+def test_the_operators_and_the_dot_method_honour_the_error_state_too(shim):
+    a, b = mat(4, 3), ones((3, 5))
+    with np.errstate(invalid="raise"):
+        with pytest.raises(FloatingPointError, match="invalid value encountered in matmul"):
+            a @ b
+        with pytest.raises(FloatingPointError, match="invalid value encountered in dot"):
+            a.dot(b)
+    assert last_record(shim).kind == "fallback"

@@ -77,6 +77,10 @@ class CallPath:
 
     def _run(self, spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict, rec: Record,
              t0: float) -> Done | Record:
+        here, watch = fp_state()
+        if here is not None:  # D198: NumPy's error state asks for what no result shows
+            rec.kind, rec.reason = "fallback", here
+            return rec
         key = repeat.layout_key(args, kwargs) if repeat.repeatable(spec) else None
         tmpl = self.templates.get((spec.name, key)) if key is not None else None
         fresh = False  # no template for this key yet: this call may leave one
@@ -98,7 +102,7 @@ class CallPath:
             # under policy remote every supported call was meant for the worker: that is a fallback
             rec.kind = "fallback" if self.config.policy == "remote" else "local"
             return rec
-        got = self._send(spec, call, decision, prep, rec, wired, t0, tmpl)
+        got = self._send(spec, call, decision, prep, rec, wired, t0, tmpl, watch)
         if tmpl is not None:
             rec.repeated = got.__class__ is Done
             self.repeated += rec.repeated
@@ -263,7 +267,8 @@ class CallPath:
 
     # -- send, and fall back ----------------------------------------------------------------------
     def _send(self, spec: OpSpec, call: plan.Call, decision: plan.Decision, prep: Prepared, rec: Record,
-              wired: Wired | None, t0: float, tmpl: repeat.Template | None = None) -> Done | Record:
+              wired: Wired | None, t0: float, tmpl: repeat.Template | None = None,
+              watch: bool = False) -> Done | Record:
         link = self.links[decision.worker or 0]
         predicted = decision.remote_s
         deadline_s, bounded = self._deadline(link, call, decision)
@@ -272,7 +277,7 @@ class CallPath:
             link.backlog_s += predicted or 0.0
         t_sent = time.perf_counter()
         try:
-            value, seconds, kernel_s = remote.send(prep, rec, link, wired, deadline_s, tmpl)
+            value, seconds, kernel_s = remote.send(prep, rec, link, wired, deadline_s, tmpl, watch)
             # the device model learns the kernel's time; the link model everything else of the round
             # trip, with the bytes that crossed it (socket and shared memory)
             learnt = (link.index, call, decision, seconds, kernel_s, rec.bytes_sent + rec.shm_sent,
@@ -289,6 +294,9 @@ class CallPath:
             return self._abandoned(rec, link, call, decision, t_sent)
         except transport.TransportError as exc:
             return self._failed(exc, rec, link, call, spec, t_sent, deadline_s, predicted)
+        except remote.ReportedHere as exc:  # D198: the worker is fine; NumPy reports what the result holds
+            rec.kind, rec.reason = "fallback", str(exc)
+            return rec
         except Exception as exc:
             # a bug on the shim's own remote path (not NumPy's error, not the worker's: NumPy runs
             # after this, in the caller's frame) must not reach the program either
@@ -376,6 +384,34 @@ class CallPath:
         self.ledger.add(rec)
         if self.config.strict and exc is None and rec.kind in ("unsupported", "fallback"):
             raise FallbackError(f"{rec.op} at {rec.site} ran locally: {rec.kind}: {rec.reason}")
+
+
+try:  # D200: np.seterr, np.errstate and np.seterrcall replace this object, never change it
+    from numpy._core.umath import _extobj_contextvar as _errobj
+except ImportError:  # pragma: no cover - a NumPy that moved it: read np.geterr() each call
+    _errobj = None
+_ERR_SEEN: tuple = (object(), (None, True))  # (the last error-state object read, what it asked for)
+_NONFINITE = ("divide", "over", "invalid")
+
+
+def fp_state() -> tuple[str | None, bool]:
+    """What NumPy's error state asks of an offloaded call: (why it must run here whatever its
+    result, or None; whether a result holding inf or nan must run here). D200: read once per state
+    object, not per call (np.geterr() costs microseconds)."""
+    global _ERR_SEEN
+    obj = _errobj.get() if _errobj is not None else None
+    seen = _ERR_SEEN
+    if obj is not None and obj is seen[0]:
+        return seen[1]
+    err = np.geterr()
+    here = None
+    if err["under"] != "ignore":
+        here = (f"np.geterr() has under={err['under']!r}: underflow leaves no trace in a worker's result, "
+                "so NumPy computes the call here")
+    got = (here, any(err[k] != "ignore" for k in _NONFINITE))
+    if obj is not None:
+        _ERR_SEEN = (obj, got)  # one tuple, swapped whole: a racing thread reads either pair
+    return got
 
 
 _codes: dict[Any, str] = {}  # D43: a compute dtype's code, made once per dtype

@@ -567,6 +567,8 @@ def _links_after_fork() -> None:
     for link in list(_links):
         link._lock = threading.RLock()  # a parent thread may have held it at the fork
         link._probing = False  # the parent's probe thread does not exist here
+        if link.url and not link.stopped and link.state in ("starting", "down"):
+            link._probe()  # D201: the child waits for its parent's worker itself, and offloads as it does
 
 
 os.register_at_fork(after_in_child=_links_after_fork)

@@ -22,10 +22,16 @@ _results: dict[str, type] = {}  # numpy.linalg's result types by name, looked up
 # the worker's own times must fit in the round trip that carried them (two clocks: a little slack)
 ROUND_TRIP_SLACK = 1.05
 ROUND_TRIP_SLACK_S = 1e-3
+NONFINITE_SLICE = 1 << 20  # D200: elements looked at per slice: a 1 MiB mask whatever the result's size
 
 
 class WorkerFault(transport.TransportError):
     """The worker answered with an error instead of a result."""
+
+
+class ReportedHere(Exception):
+    """The worker's result holds a value NumPy's error state asks to hear of (D198): the call is
+    computed here, where NumPy raises, warns or calls as that state says. Not a fault."""
 
 
 def call_header(rid: int, prep: Prepared, keep: bool = False) -> dict:
@@ -40,11 +46,12 @@ def call_message(rid: int, prep: Prepared) -> list:
 
 
 def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
-         deadline_s: float, tmpl: Template | None = None) -> tuple[Any, float, float | None]:
+         deadline_s: float, tmpl: Template | None = None, watch: bool = False) -> tuple[Any, float, float | None]:
     """Send the call on ``link`` and wait up to ``deadline_s`` for its reply: (NumPy's return value,
     seconds from encoding to decoding, the worker's kernel seconds). The record gets the bytes, the
     phases and the residency counts. ``tmpl``: the call repeats its layout and is encoded from it,
-    unless shared memory would carry it."""
+    unless shared memory would carry it. ``watch``: the error state reports non-finite results, and
+    a result holding one raises :class:`ReportedHere` before anything is written to ``out=``."""
     chan = link.channel()
     t0 = time.perf_counter()
     lane = link.shm()
@@ -77,6 +84,8 @@ def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
         raise WorkerFault(f"worker raised {reply.get('exc')} ({reply.get('kind')}): {reply.get('msg')}"[:300])
     if reply["t"] != "result":
         raise transport.BadReply(f"a call answered with {reply['t']!r}")
+    if watch and nonfinite(arrays):
+        raise ReportedHere("the result holds inf or nan and np.geterr() asks to hear of them: computed here")
     # D49: a reply read from the template's skeleton has the results of one accepted here
     value = assemble(prep, arrays, checked=timing is not None)
     if timing is None:
@@ -150,8 +159,11 @@ def assemble(prep: Prepared, arrays: list, checked: bool = False) -> Any:
     (``checked``: read from a skeleton of a reply whose results were)."""
     if not checked:
         _check_results(prep, arrays)
-    # a small frame can land unaligned; the copy keeps its memory order (an F result stays F)
-    arrays = [a if a.flags.aligned else a.copy(order="K") for a in arrays]
+    # a small frame can land unaligned; the copy keeps its memory order (an F result stays F).
+    # D199: the wire names a dtype by its str ('<i8'), NumPy's result by its char ('q' is not 'l')
+    arrays = [a if a.flags.aligned and a.dtype.char == dt.char else
+              (a.view(dt) if a.flags.aligned else a.copy(order="K").view(dt))
+              for a, (dt, _) in zip(arrays, prep.results)]
     arrays = [a.transpose(np.argsort(lay)) if isinstance(lay, list) else a
               for a, lay in zip(arrays, prep.layouts)]
     if prep.finish is not None:  # the row's own assembly: NumPy's cheap epilogue, here
@@ -165,6 +177,23 @@ def assemble(prep: Prepared, arrays: list, checked: bool = False) -> Any:
     if prep.scalar_0d and result.ndim == 0:
         return result[()]
     return result
+
+
+def nonfinite(arrays: list) -> bool:
+    """Whether a floating result holds inf or nan. D200: ``isfinite`` raises no flag and beats a sum
+    under ``errstate`` at every size; a large result is looked at in slices (its mask stays small)."""
+    for a in arrays:
+        if a.dtype.kind not in "fc" or not a.size:
+            continue
+        if a.size <= NONFINITE_SLICE or not (a.flags.c_contiguous or a.flags.f_contiguous):
+            if not np.isfinite(a).all():
+                return True
+            continue
+        flat = a.ravel(order="K")  # a view: the result is contiguous in its own order
+        for i in range(0, flat.size, NONFINITE_SLICE):
+            if not np.isfinite(flat[i:i + NONFINITE_SLICE]).all():
+                return True
+    return False
 
 
 def _check_results(prep: Prepared, arrays: list) -> None:

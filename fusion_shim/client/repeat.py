@@ -51,7 +51,7 @@ def layout_key(args: tuple, kwargs: dict) -> tuple | None:
     for x in args:
         t = type(x)
         if t is _ndarray:
-            key.append((x.dtype, x.shape, x.strides))
+            key.append((x.dtype, x.dtype.char, x.shape, x.strides))  # D199: 'q' == 'l', yet NumPy keeps each
         elif t in _SCALARS or (t is tuple and all(type(y) in _SCALARS for y in x)):
             key.append((t, x))
         else:
@@ -60,7 +60,7 @@ def layout_key(args: tuple, kwargs: dict) -> tuple | None:
         for name, x in kwargs.items():
             t = type(x)
             if t is _ndarray:
-                key.append((name, x.dtype, x.shape, x.strides))
+                key.append((name, x.dtype, x.dtype.char, x.shape, x.strides))
             elif t in _SCALARS or (t is tuple and all(type(y) in _SCALARS for y in x)):
                 key.append((name, t, x))
             else:

@@ -371,7 +371,9 @@ class Runtime:
 
     def after_fork_in_child(self) -> None:
         self.ledger.reset_after_fork()
-        self.ledger.event(f"forked from pid {os.getppid()}; own connection to the worker")
+        # D201: the link's fork hook re-probes a worker still starting, so the child waits as the parent does
+        self.ledger.event(f"forked from pid {os.getppid()}: calls go where the parent's go, to the same worker "
+                          "over this process's own connection")
 
     # -- what the interceptor tells the runtime about itself --------------------------------------
     def note_operators(self, intercepted: bool, why: str, fast_path: str) -> None:

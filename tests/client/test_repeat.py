@@ -326,7 +326,7 @@ def test_policy_remote_learns_a_templates_calls_before_anything_reads_the_planne
         assert len(seen) == 4 + repeat.REPRICE_EVERY and not rt.calls.unlearnt
         assert planner.intercepted_s == pytest.approx(spent + sum(seen[-3:]))
         np.matmul(a, b)
-        report = __import__("fusion_shim").report()
+        report = __import__("fusion_shim").report(format="json")
         assert len(seen) == 5 + repeat.REPRICE_EVERY and report["planner"]["intercepted_s"] == planner.intercepted_s
 
 

@@ -34,10 +34,11 @@ def start_head(directory: Path, env: dict[str, str]) -> tuple[subprocess.Popen, 
     """A head node (no dashboard, one CPU), its processes in one process group; returns it and its address."""
     port = free_port()
     temp = directory / "ray"
-    proc = subprocess.Popen([RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port),
-                             "--num-cpus", "1", "--include-dashboard=false", "--disable-usage-stats",
-                             "--temp-dir", str(temp)], env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
-                            stdout=open(directory / "ray-start.log", "w"), stderr=subprocess.STDOUT)
+    cmd = [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "1",
+           "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", str(temp)]
+    with open(directory / "ray-start.log", "w") as log:
+        proc = subprocess.Popen(cmd, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+                                stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + START_DEADLINE_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:

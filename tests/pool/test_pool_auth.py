@@ -69,3 +69,24 @@ def test_the_probe_tells_a_cluster_that_serves_anyone_from_one_that_asks_for_a_t
     assert found["state"] == "open", found
     why, warning = cluster.check(address, insecure=True, env={**os.environ, **env})
     assert why is None and "without token authentication" in warning
+
+
+def test_insecure_uses_a_cluster_without_token_authentication_and_says_so(open_cluster, tmp_path):
+    address, env = open_cluster
+    up = _run(["pool", "up", "--insecure", "--workers", "1", "--device", "cpu", "--ray", address, "--name", "ins"], env)
+    try:
+        assert up.returncode == 0, up.stderr[-2000:]
+        assert "warning: " in up.stderr and "without token authentication" in up.stderr
+        report = tmp_path / "r.json"
+        out = _run(["--policy", "remote", "--insecure", "--pool", f"ray://{address}/ins", "--report", str(report),
+                    "--quiet", PROGRAM, "spread"], env)
+        plain = subprocess.run([sys.executable, PROGRAM, "spread"], capture_output=True, text=True,
+                               timeout=DEADLINE_S)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout == plain.stdout
+        rep = json.loads(report.read_text())
+        assert any("used anyway (--insecure)" in e["what"] for e in rep["events"]), rep["events"]
+        assert [w["name"] for w in rep["pool"]["workers"]] == ["ins.0"]
+    finally:
+        down = _run(["pool", "down", "--ray", address, "--name", "ins"], env)
+    assert down.returncode == 0 and "1 workers stopped" in down.stdout, down.stderr[-2000:]

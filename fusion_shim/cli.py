@@ -4,7 +4,7 @@
     python -m fusion_shim [options] -m package.module [args...]
     fusion-shim worker --bind URL [--device auto|cpu|cuda:N] [--keys DIR | --insecure]
     fusion-shim keys DIR [--client NAME ...]
-    fusion-shim pool up|status|down --ray ADDRESS [...]
+    fusion-shim pool up|status|down [--ray ADDRESS] [...]
     fusion-shim report run.json
     fusion-shim config [options] [app.py | DIR]
 
@@ -25,7 +25,7 @@ USAGE = """\
 usage: python -m fusion_shim [options] (app.py | -m module) [args...]
        fusion-shim worker --bind URL [--device auto|cpu|cuda:N] [--keys DIR | --insecure]
        fusion-shim keys DIR [--client NAME ...]
-       fusion-shim pool up|status|down --ray ADDRESS [--workers N] [--name NAME]   (docs/pool.md)
+       fusion-shim pool up|status|down [--ray ADDRESS] [--workers N] [--name NAME]   (docs/pool.md)
        fusion-shim report run.json [--what-if bandwidth=B,rtt=S,speedup=X] [--trace PATH]
        fusion-shim calibrate        measure this machine's local speed now and cache it
        fusion-shim config [options] [app.py | DIR]   the settings in force there, and where each came from
@@ -35,6 +35,7 @@ options (each also a FUSION_SHIM_* variable and a key of pyproject.toml's [tool.
   --worker URL                 a running worker (ipc://, tcp://); default: start one in the background
   --workers URL,URL,...        several running workers; each call runs here or on one of them
   --pool ray://ADDRESS[/NAME]  the workers of a pool on a Ray cluster (fusion-shim pool up)
+  --insecure                   use a pool whose Ray cluster runs without token authentication
   --device auto|cpu|cuda:N     device of the embedded worker
   --report PATH                write the report as JSON to PATH
   --trace PATH                 write a Chrome-trace timeline (open it in https://ui.perfetto.dev)
@@ -51,7 +52,7 @@ options (each also a FUSION_SHIM_* variable and a key of pyproject.toml's [tool.
 """
 RUN_OPTIONS = ("policy", "worker", "workers", "pool", "device", "report", "trace", "verify", "timeout", "ready-timeout", "min-flops",
                "server-key", "client-keys", "stage")
-RUN_FLAGS = ("quiet", "strict")
+RUN_FLAGS = ("quiet", "strict", "insecure")
 
 
 def usage() -> str:

@@ -180,6 +180,7 @@ DEFAULTS: dict[str, Any] = {
     "worker": None,           # URL of a running worker; None: start an embedded one over ipc://
     "workers": (),            # several running workers (FUSION_SHIM_WORKERS=url,url); replaces worker
     "pool": None,             # ray://ADDRESS[/NAME]: a pool's workers, found through Ray; replaces both
+    "insecure": False,        # use a pool's cluster that runs without token authentication (D210)
     "device": "auto",         # device of the embedded worker
     "report": None,           # path for the JSON report
     "quiet": False,           # no summary table on stderr at exit
@@ -210,6 +211,7 @@ class Config:
     worker: str | None
     workers: tuple[str, ...]
     pool: str | None
+    insecure: bool
     device: str
     report: str | None
     quiet: bool
@@ -436,6 +438,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "worker": _worker_url,
     "workers": _worker_urls,
     "pool": _pool,
+    "insecure": _bool,
     "device": _device,
     "report": _text,
     "quiet": _bool,

@@ -127,7 +127,7 @@ class Runtime:
         t = time.perf_counter()
         busy, self.guard.busy = getattr(self.guard, "busy", False), True  # Ray's own NumPy calls pass through
         try:
-            self.pool = Pool(self.config.pool, self.ledger.event)
+            self.pool = Pool(self.config.pool, self.ledger.event, self.config.insecure)
             endpoints, why = self.pool.open()
         finally:
             self.guard.busy = busy

@@ -1,4 +1,5 @@
-"""``fusion-shim pool up|status|down``: the pool's commands, each a call into :mod:`.manage`."""
+"""``fusion-shim pool up|status|down``: the pool's commands, each a call into :mod:`.manage`, each
+failing in one line on stderr (no cluster, a cluster that serves anyone, no Ray)."""
 from __future__ import annotations
 
 import argparse
@@ -16,13 +17,20 @@ def parser() -> argparse.ArgumentParser:
     for action, text in (("up", "start the pool's workers (none if a pool of that name is up)"),
                          ("status", "a table of the pool's workers"), ("down", "stop and remove the pool")):
         a = sub.add_parser(action, help=text)
-        a.add_argument("--ray", required=True, metavar="ADDRESS", help="the cluster's address (HOST:PORT, or auto)")
+        a.add_argument("--ray", default="auto", metavar="ADDRESS",
+                       help="the cluster's address (HOST:PORT; default auto: the cluster this host is in)")
         a.add_argument("--name", default=DEFAULT_NAME, help=f"the pool's name (default {DEFAULT_NAME})")
         if action == "up":
             a.add_argument("--workers", type=int, required=True, metavar="N", help="how many workers")
             a.add_argument("--device", default="auto", help="auto, cpu or cuda (a GPU per worker)")
             a.add_argument("--memory-budget", default=None, help="bytes each resident store may hold (2G, 512M)")
+            a.add_argument("--insecure", action="store_true",
+                           help="use a cluster without token authentication (anyone who reaches it joins the pool)")
     return p
+
+
+def _say(text: str) -> None:
+    print(f"{PROG}: {text}", file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:
@@ -34,8 +42,35 @@ def main(argv: list[str]) -> int:
     try:
         import ray  # noqa: F401
     except ImportError:
-        print(f"{PROG}: Ray is not installed: pip install 'fusion-shim[ray]'", file=sys.stderr)
+        _say("Ray is not installed: pip install 'fusion-shim[ray]'")
         return 2
+    from .cluster import check
+
+    device = budget = None
+    if opts.action == "up":
+        try:
+            device = _device("--device", opts.device)
+            budget = None if opts.memory_budget is None else size(opts.memory_budget)
+        except (ConfigError, ValueError) as exc:
+            p.error(str(exc))
+        if opts.workers < 1:
+            p.error("--workers must be >= 1")
+    # D210: only `up` gives keys to the cluster; status and down work on any cluster, with the warning
+    why, warning = check(opts.ray, insecure=getattr(opts, "insecure", False) or opts.action != "up")
+    if why is not None:
+        _say(why)
+        return 2
+    if warning is not None:
+        _say(f"warning: {warning}")
+    try:
+        return _run(opts, device, budget)
+    except Exception as exc:  # Ray's failures in one line, not its traceback
+        text = (str(exc).strip().splitlines() or [""])[0][:300]
+        _say(f"{opts.action} failed: {type(exc).__name__}: {text}")
+        return 1
+
+
+def _run(opts: argparse.Namespace, device: str | None, budget: int | None) -> int:
     from . import manage
 
     if opts.action == "status":
@@ -44,13 +79,6 @@ def main(argv: list[str]) -> int:
     if opts.action == "down":
         print(f"pool {opts.name}: {manage.down(opts.ray, opts.name)} workers stopped")
         return 0
-    try:
-        device = _device("--device", opts.device)
-        budget = None if opts.memory_budget is None else size(opts.memory_budget)
-    except (ConfigError, ValueError) as exc:
-        p.error(str(exc))
-    if opts.workers < 1:
-        p.error("--workers must be >= 1")
     t = time.monotonic()
     rows, made = manage.up(opts.ray, opts.workers, device, budget, opts.name)
     verb = f"up in {time.monotonic() - t:.1f}s" if made else "was up already: nothing made"

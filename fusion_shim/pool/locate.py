@@ -2,22 +2,21 @@
 learn each one's endpoint and key; later, find a worker again after Ray restarted it.
 
 The client's key pair is made for the run and never written anywhere. Ray's channel carries the
-keys both ways: a cluster's token authenticates that exchange (D152). A cluster that cannot be
-reached is found out with a plain TCP connection first (D151): joining an unreachable cluster
-blocks ``ray.init`` for a minute and then ends the process, which would end the user's program.
+keys both ways: a cluster's token authenticates that exchange (D152), so a cluster that asks for
+none is refused (D210). A cluster that cannot be reached as Ray dials it is found out before Ray is
+joined (:mod:`.cluster`, D151, D212): joining an unreachable cluster blocks ``ray.init`` for a minute
+and then ends the process, which would end the user's program.
 """
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import NAMESPACE, parse
+from . import parse
+from .cluster import check
 
-REACH_TIMEOUT_S = 3.0   # D151: the TCP check of the cluster's address
 JOIN_TIMEOUT_S = 120.0  # a worker Ray is restarting answers once its actor is up again (torch imported)
-CURRENT_CLUSTER = "/tmp/ray/ray_current_cluster"  # where `ray start` writes this host's cluster address
 
 
 @dataclass(frozen=True)
@@ -32,8 +31,9 @@ class Endpoint:
 class Pool:
     """A pool named by ``ray://ADDRESS[/NAME]``, as one client sees it."""
 
-    def __init__(self, url: str, event: Callable[[str], None]):
+    def __init__(self, url: str, event: Callable[[str], None], insecure: bool = False):
         self.url = url
+        self.insecure = insecure  # a cluster without token authentication used anyway (D210)
         self.address, self.name = parse(url)
         self._event = event
         self._ray: Any = None
@@ -45,13 +45,15 @@ class Pool:
 
     def open(self) -> tuple[list[Endpoint], str | None]:
         """(the pool's workers, None), or ([], why the run stays local)."""
-        why = unreachable(self.address)
+        why, warning = check(self.address, self.insecure)
         if why is not None:
             return [], why
+        if warning is not None:
+            self._event(f"pool {self.url} used anyway (--insecure): {warning}")
         try:
             from .manage import connect, names
 
-            self._ray = connect(self.address)
+            self._ray = connect(self.address, self._event)
             found = names(self._ray, self.name)
             self._handles = [self._ray.get_actor(n) for n in found]
         except Exception as exc:  # ray missing, or the cluster refused us: the program runs here
@@ -76,21 +78,3 @@ class Pool:
             return None
         info = {k: d.get(k) for k in ("node", "device", "pid", "ray_gpus", "gpu_emulated", "state")}
         return Endpoint(d["name"], d["url"], (d["server_key"], self._public, self._secret), info)
-
-
-def unreachable(address: str) -> str | None:
-    """D151: why ``address`` cannot be a Ray cluster's (nothing accepts a TCP connection there), or None."""
-    if address == "auto":
-        try:
-            with open(CURRENT_CLUSTER) as f:
-                address = f.read().strip()
-        except OSError:
-            return f"ray://auto: this host belongs to no Ray cluster ({CURRENT_CLUSTER} is missing)"
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        return f"Ray address {address!r} is not HOST:PORT"
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
-    except OSError as exc:
-        return f"the Ray cluster at {address} cannot be reached ({exc.strerror or exc})"
-    return None

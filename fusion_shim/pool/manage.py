@@ -6,18 +6,25 @@ placement group is named too, so a second ``up`` finds the first pool and makes 
 from __future__ import annotations
 
 import logging
+import sys
 import time
-from typing import Any
+from typing import Any, Callable
 
 from . import NAMESPACE, actor_name
 from .actor import PoolWorker
 
 MAX_RESTARTS = -1    # Ray restarts a pool worker whenever it dies, until `pool down`
 MAX_TASK_RETRIES = 3  # join, describe and stats are idempotent: retried across a restart
+MAX_RAY_MESSAGES = 20  # Ray's messages recorded per process; Ray's session logs keep them all
 
 
-def connect(address: str) -> Any:
-    """Join the cluster at ``address`` (``auto``: this host's) as a driver in the pool's namespace.
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def connect(address: str, log: Callable[[str], None]) -> Any:
+    """Join the cluster at ``address`` (``auto``: this host's) as a driver in the pool's namespace;
+    what Ray would print in this process goes to ``log`` instead (D213).
     D152: with a token at hand and no mode chosen, the token is presented, as a new local cluster
     does (a driver joining an existing one does not look for it; the cluster then refuses it)."""
     import ray
@@ -28,16 +35,50 @@ def connect(address: str) -> Any:
     except ImportError:  # a Ray without token authentication
         use_token = None
     if use_token is not None and not ray.is_initialized():
-        log = logging.getLogger(use_token.__module__)
-        level, log.level = log.level, logging.ERROR  # its warning is about a cluster it starts, not ours
+        setup = logging.getLogger(use_token.__module__)
+        level, setup.level = setup.level, logging.ERROR  # its warning is about a cluster it starts, not ours
         try:
             use_token(warn_if_disabled=False)
         finally:
-            log.setLevel(level)
+            setup.setLevel(level)
     if not ray.is_initialized():
+        route_output(log)
         ray.init(address=address, namespace=NAMESPACE, log_to_driver=False, logging_level="ERROR",
                  configure_logging=False)
     return ray
+
+
+def route_output(log: Callable[[str], None]) -> None:
+    """D213: Ray's messages to its driver (a node's death and its state dump, from Ray's error listener,
+    which ``log_to_driver=False`` leaves running) and its Python logger's records go to ``log``, one
+    line each, never to this process's stdout or stderr."""
+    import ray._private.worker as ray_worker
+
+    seen = [0]
+
+    def line(text: str) -> None:
+        seen[0] += 1
+        if seen[0] <= MAX_RAY_MESSAGES:
+            log(text)
+        elif seen[0] == MAX_RAY_MESSAGES + 1:
+            log(f"Ray: more than {MAX_RAY_MESSAGES} messages; the rest are in Ray's session logs only")
+
+    def to_log(data: dict, ignore_prefix: bool = False) -> None:
+        text = [ln.strip() for chunk in data.get("lines") or () for ln in str(chunk).splitlines() if ln.strip()]
+        if text:
+            more = f" (+{len(text) - 1} lines)" if len(text) > 1 else ""
+            line(f"Ray ({data.get('pid', '?')}): {text[0][:200]}{more}")
+
+    class ToLog(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            line(f"Ray ({record.levelname.lower()}): {record.getMessage().splitlines()[0][:200]}")
+
+    ray_worker.print_to_stdstream = to_log  # looked up at each message by Ray's listener threads
+    logger = logging.getLogger("ray")
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    logger.addHandler(ToLog())
+    logger.propagate = False
 
 
 def names(ray: Any, pool: str) -> list[str]:
@@ -56,9 +97,10 @@ def wants_gpu(ray: Any, device: str) -> bool:
 
 
 def up(address: str, workers: int, device: str = "auto", memory_budget: int | None = None,
-       name: str = "default", timeout: float = 300.0) -> tuple[list[dict[str, Any]], bool]:
+       name: str = "default", timeout: float = 300.0, log: Callable[[str], None] | None = None
+       ) -> tuple[list[dict[str, Any]], bool]:
     """Bring the pool up (or find it up); returns (each worker's description, whether it was made now)."""
-    ray = connect(address)
+    ray = connect(address, log or _stderr)
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -78,9 +120,10 @@ def up(address: str, workers: int, device: str = "auto", memory_budget: int | No
     return [ray.get(h.describe.remote(), timeout=timeout) for h in handles], True
 
 
-def status(address: str, name: str = "default", timeout: float = 30.0) -> list[dict[str, Any]]:
+def status(address: str, name: str = "default", timeout: float = 30.0,
+           log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Each worker's stats; a worker Ray cannot reach now is listed with its state."""
-    ray = connect(address)
+    ray = connect(address, log or _stderr)
     rows = []
     for n in names(ray, name):
         try:
@@ -90,9 +133,9 @@ def status(address: str, name: str = "default", timeout: float = 30.0) -> list[d
     return rows
 
 
-def down(address: str, name: str = "default", timeout: float = 30.0) -> int:
+def down(address: str, name: str = "default", timeout: float = 30.0, log: Callable[[str], None] | None = None) -> int:
     """Close and kill the pool's actors (no restart) and remove its placement group; returns how many."""
-    ray = connect(address)
+    ray = connect(address, log or _stderr)
     from ray.util import placement_group_table, remove_placement_group
     from ray.util.placement_group import get_placement_group
 

@@ -1,6 +1,7 @@
 """A pool on a real local Ray cluster: one cluster for the module, which one test process runs whole
 (the suite runs `--dist loadfile`, D160), with two logical GPUs on a machine that may have none
-(EMULATED: Ray accounts for them, torch sees no CUDA device, the workers compute on the CPU)."""
+(EMULATED: Ray accounts for them, torch sees no CUDA device, the workers compute on the CPU). The
+cluster asks for a token: the module's own, in a file only this user reads (never ``~/.ray``)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +15,7 @@ import time
 import pytest
 
 from tests.helpers.environment import ROOT
+from tests.pool.clusters import token_env
 
 ray = pytest.importorskip("ray")
 from fusion_shim.pool import NAMESPACE, manage  # noqa: E402
@@ -39,12 +41,20 @@ def start_cluster(tries: int = 3) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    start_cluster()
+def cluster(tmp_path_factory):
+    env = token_env(tmp_path_factory.mktemp("ray-token"))
+    saved = {k: os.environ.get(k) for k in env}
+    # the token for this process, the cluster it starts and the programs the tests run; the mode Ray
+    # sets itself (token, for a cluster ray.init starts): set here, it would miss Ray's config, read at import
+    os.environ["RAY_AUTH_TOKEN_PATH"] = env["RAY_AUTH_TOKEN_PATH"]
+    os.environ.pop("RAY_AUTH_MODE", None)
     try:
+        start_cluster()
         yield ray.get_runtime_context().gcs_address
     finally:
         ray.shutdown()
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
 @pytest.fixture(scope="module")
@@ -192,3 +202,44 @@ def _pid_alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def test_ray_messages_to_drivers_never_reach_the_programs_stdout(cluster, pool, tmp_path):
+    """What Ray's raylet publishes to every driver when a node dies (its state dump), published here
+    while the program runs: it goes to the report's events, the program's output stays plain Python's."""
+    from ray._private.utils import publish_error_to_driver
+
+    report = tmp_path / "r.json"
+    progress = tmp_path / "progress"
+    proc = _shim(cluster, ["until_stopped", str(tmp_path)], str(report))
+    try:
+        _wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 1, "the first rounds")
+        done = int(progress.read_text() or 0)
+        worker = ray._private.worker.global_worker
+        publish_error_to_driver("node_died", "A node died.\n[state-dump] NodeManager:\n[state-dump] Pending: 0",
+                                worker.gcs_client)
+        _wait_for(lambda: int(progress.read_text() or 0) >= done + 3, "rounds after it")
+        (tmp_path / "stop").write_text("")
+        out, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "state-dump" not in out + err and "raylet" not in out + err
+    (tmp_path / "plain").mkdir()
+    assert out == _plain(["until_stopped", str(tmp_path / "plain"), "--rounds", str(len(out.splitlines()))])
+    events = [e["what"] for e in json.loads(report.read_text())["events"]]
+    assert any("A node died." in e and "(+2 lines)" in e for e in events), events
+
+
+def test_pool_up_refuses_a_token_file_other_users_can_read(cluster, tmp_path):
+    exposed = tmp_path / "auth_token"
+    exposed.write_text(open(os.environ["RAY_AUTH_TOKEN_PATH"]).read())
+    exposed.chmod(0o644)
+    out = subprocess.run([sys.executable, "-m", "fusion_shim", "pool", "up", "--workers", "1", "--ray", cluster,
+                          "--name", "exposed"], capture_output=True, text=True, timeout=DEADLINE_S,
+                         env={**os.environ, "RAY_AUTH_TOKEN_PATH": str(exposed)})
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"chmod 600 {exposed}" in lines[0], out.stderr
+    assert manage.names(ray, "exposed") == []

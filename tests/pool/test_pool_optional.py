@@ -65,9 +65,85 @@ def test_a_pool_address_names_its_cluster_and_its_pool():
 
 
 def test_ray_auto_without_a_cluster_on_this_host_says_so(tmp_path, monkeypatch):
-    from fusion_shim.pool import locate
+    from fusion_shim.pool import cluster
 
-    monkeypatch.setattr(locate, "CURRENT_CLUSTER", str(tmp_path / "missing"))
-    assert "belongs to no Ray cluster" in locate.unreachable("auto")
+    monkeypatch.setattr(cluster, "CURRENT_CLUSTER", str(tmp_path / "missing"))
+    assert "belongs to no Ray cluster" in cluster.unreachable("auto")
     (tmp_path / "missing").write_text("127.0.0.1:1\n")
-    assert "cannot be reached" in locate.unreachable("auto")
+    assert "cannot be reached" in cluster.unreachable("auto")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pool_command(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fusion_shim", "pool", *argv], capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("action", [["status"], ["up", "--workers", "1"], ["down"]])
+def test_a_pool_command_without_a_cluster_fails_in_one_line(action):
+    out = _pool_command(*action, "--ray", f"127.0.0.1:{_free_port()}")
+    assert out.returncode == 2 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot be reached" in lines[0] and "ray start --head" in lines[0], out.stderr
+
+
+def test_a_pool_command_checks_the_address_ray_dials_not_the_one_typed():
+    """Something answers on 127.0.0.1 only: Ray would dial this host's own address (or wait on what
+    answers there) and retry for a minute; the command says so in one line instead."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        out = _pool_command("up", "--workers", "1", "--ray", f"127.0.0.1:{listener.getsockname()[1]}")
+    assert out.returncode == 2 and out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot be reached" in lines[0], out.stderr
+
+
+def test_a_run_whose_pool_address_ray_cannot_dial_stays_local_with_one_reason(tmp_path):
+    report = tmp_path / "r.json"
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        out = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", "remote", "--pool",
+                              f"ray://127.0.0.1:{listener.getsockname()[1]}/t", "--report", str(report), "--quiet",
+                              PROGRAM, "spread"], capture_output=True, text=True, timeout=300)
+    plain = subprocess.run([sys.executable, PROGRAM, "spread"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout == plain.stdout and out.stderr == ""
+    rep = json.loads(report.read_text())
+    why = [e["what"] for e in rep["events"] if e["what"].startswith("pool ray://")]
+    assert len(why) == 1 and "cannot be reached" in why[0], rep["events"]
+
+
+def test_pool_up_without_an_address_on_a_host_without_ray_names_the_command_to_start_it(tmp_path, monkeypatch,
+                                                                                        capsys):
+    pytest.importorskip("ray")
+    from fusion_shim.pool import cluster, command
+
+    monkeypatch.setattr(cluster, "CURRENT_CLUSTER", str(tmp_path / "missing"))
+    assert command.main(["up", "--workers", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "belongs to no Ray cluster" in err[0]
+    assert "RAY_AUTH_MODE=token ray start --head" in err[0]
+
+
+@pytest.mark.parametrize("mode, refused", [(0o600, False), (0o640, True), (0o644, True)])
+def test_a_ray_token_file_open_to_other_users_is_refused_with_the_chmod_that_fixes_it(tmp_path, mode, refused):
+    from fusion_shim.pool.cluster import exposed_token
+
+    path = tmp_path / "auth_token"
+    path.write_text("x" * 64)
+    path.chmod(mode)
+    why = exposed_token({"RAY_AUTH_TOKEN_PATH": str(path)})
+    assert (why is not None) == refused
+    if refused:
+        assert f"chmod 600 {path}" in why
+    assert exposed_token({"RAY_AUTH_TOKEN": "x" * 64, "RAY_AUTH_TOKEN_PATH": str(path)}) is None  # none on disk
+    (tmp_path / ".ray").mkdir()
+    path.rename(tmp_path / ".ray" / "auth_token")
+    assert (exposed_token({"HOME": str(tmp_path)}) is not None) == refused  # Ray's default place

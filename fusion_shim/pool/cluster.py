@@ -1,0 +1,104 @@
+"""Whether a Ray cluster may carry a pool's keys, asked before Ray is joined: it is reached as Ray will
+dial it, it refuses a caller without Ray's token, and this user's token file is readable by no one
+else. Whoever can call the pool's actors can give keys to them (D152), so a cluster that serves
+anyone is refused unless ``--insecure`` (D210). Every answer is one line that names the fix.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+from typing import Mapping
+
+REACH_TIMEOUT_S = 3.0   # D151: the TCP check of the cluster's address
+CURRENT_CLUSTER = "/tmp/ray/ray_current_cluster"  # where `ray start` writes this host's cluster address
+PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe.py")
+PROBE_TIMEOUT_S = 8.0  # D212: the whole answer, Ray's import included, within 10 s
+START = ("(umask 077 && ray get-auth-token --generate) && "
+         "RAY_AUTH_MODE=token ray start --head --node-ip-address 127.0.0.1")
+AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def check(address: str, insecure: bool = False, env: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
+    """(why the pool must not use the cluster at ``address``, a warning to show) -- each None or one line."""
+    env = os.environ if env is None else env
+    why = unreachable(address)
+    if why is not None:
+        return f"{why}; start one: {START}", None
+    found = probe(address, env)
+    state, dialed = found.get("state"), found.get("address", address)
+    if state == "unreachable":
+        via = f" (Ray dials {dialed})" if dialed != address else ""
+        return f"the Ray cluster at {address}{via} cannot be reached: {found.get('why')}", None
+    if state == "error":
+        return f"the Ray cluster at {address}: {found.get('why')}", None
+    if state == "open":
+        text = (f"the Ray cluster at {address} runs without token authentication: anyone who reaches it can "
+                f"join the pool and run code as its user; restart it with RAY_AUTH_MODE=token (docs/pool.md)")
+        return (None, text) if insecure else (f"{text}, or pass --insecure", None)
+    exposed = exposed_token(env)
+    if exposed is not None:
+        return (None, exposed) if insecure else (exposed, None)
+    return None, None
+
+
+def probe(address: str, env: Mapping[str, str]) -> dict:
+    """:mod:`.probe`'s answer, from a process of its own that carries no token (D211)."""
+    # no token, and no shim: FUSION_SHIM=1, inherited from a run, would install it in the probe too
+    child = {k: v for k, v in env.items() if k not in AUTH_ENV and not k.startswith("FUSION_SHIM")}
+    child["RAY_AUTH_MODE"] = "disabled"
+    try:
+        out = subprocess.run([sys.executable, "-I", PROBE, address], capture_output=True, text=True, env=child,
+                             timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {"address": address, "state": "unreachable",
+                "why": f"no answer as a Ray cluster within {PROBE_TIMEOUT_S:.0f} s"}
+    lines = out.stdout.strip().splitlines()
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, ValueError):
+        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"address": address, "state": "error", "why": f"the probe failed: {tail}"[:300]}
+
+
+def token_file(env: Mapping[str, str]) -> str | None:
+    """The file Ray reads its token from, as Ray looks for it; None where the token is in the environment."""
+    if env.get("RAY_AUTH_TOKEN"):
+        return None
+    home = env.get("HOME") or os.path.expanduser("~")
+    return env.get("RAY_AUTH_TOKEN_PATH") or os.path.join(home, ".ray", "auth_token")
+
+
+def exposed_token(env: Mapping[str, str]) -> str | None:
+    """Why this user's Ray token is not secret (its file readable or writable by others), or None."""
+    path = token_file(env)
+    if path is None:
+        return None
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None  # no token file: Ray refuses this client, and says so
+    if mode & 0o077:
+        return f"Ray's token file {path} is open to other users (mode {mode:04o}): chmod 600 {path}"
+    return None
+
+
+def unreachable(address: str) -> str | None:
+    """D151: why ``address`` cannot be a Ray cluster's (nothing accepts a TCP connection there), or None."""
+    if address == "auto":
+        try:
+            with open(CURRENT_CLUSTER) as f:
+                address = f.read().strip()
+        except OSError:
+            return f"ray://auto: this host belongs to no Ray cluster ({CURRENT_CLUSTER} is missing)"
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        return f"Ray address {address!r} is not HOST:PORT"
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        return f"the Ray cluster at {address} cannot be reached ({exc.strerror or exc})"
+    return None

@@ -1,0 +1,69 @@
+"""Ray clusters for the pool's tests, on loopback, each stopped by its own process group: a token made
+for the test (mode 0600, never ``~/.ray``) and a head started with ``ray start --block``."""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RAY = str(Path(sys.executable).with_name("ray"))
+START_DEADLINE_S = 300.0  # a loaded 2-core machine starts a head in 5-60 s
+
+
+def token_env(directory: Path) -> dict[str, str]:
+    """Token authentication with a token of this test's, in a file only its user can read."""
+    path = directory / "auth_token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(path)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_head(directory: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """A head node (no dashboard, one CPU), its processes in one process group; returns it and its address."""
+    port = free_port()
+    temp = directory / "ray"
+    cmd = [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "1",
+           "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", str(temp)]
+    with open(directory / "ray-start.log", "w") as log:
+        proc = subprocess.Popen(cmd, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+                                stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + START_DEADLINE_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError((directory / "ray-start.log").read_text()[-3000:])
+        if "Ray runtime started" in (directory / "ray-start.log").read_text():
+            return proc, f"127.0.0.1:{port}"
+        time.sleep(0.2)
+    stop_head(proc)
+    raise RuntimeError("ray start did not finish")
+
+
+def stop_head(proc: subprocess.Popen) -> None:
+    """SIGTERM to the head's process group (``--block`` stops its processes on it), SIGKILL after a while."""
+    for sig, wait in ((signal.SIGTERM, 60), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    time.sleep(0.5)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # what its children left behind
+    except ProcessLookupError:
+        pass

@@ -27,6 +27,7 @@ from ..transport.principal import Principal, principal_of
 DRAIN_AFTER_S = 0.02  # a call shorter than this runs with the socket left to libzmq's queues
 POLL_S = 0.002        # how long a call that outlasts DRAIN_AFTER_S may wait for its socket back
 QUEUED_BYTES = 64 << 20  # what a principal may have waiting beyond its first request
+DRAIN_MIN = 64 << 10     # D197: a request this large or larger is followed by a drain of the socket
 
 
 class Inbox:
@@ -90,6 +91,19 @@ class Inbox:
             self._call = 0
             self._lock.acquire()
 
+    def drain(self) -> None:
+        """D197: take every request libzmq holds into the queue, shedding past each principal's
+        budget: after a large request, so that many connections' queues cannot hold more than it."""
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self._admit(frames)
+        if self._shed:
+            self._shed = False
+            trim_heap()
+
     def send(self, identity: bytes, frames: list) -> int:
         return send_frames(self.sock, frames, prefix=[identity])
 
@@ -110,7 +124,7 @@ class Inbox:
                         self._admit(self.sock.recv_multipart(copy=False))
                     elif self._shed:
                         self._shed = False
-                        _trim()
+                        trim_heap()
             finally:
                 self._lock.release()
 
@@ -137,7 +151,7 @@ class Inbox:
             pass  # the client is gone
 
 
-def _trim() -> None:
+def trim_heap() -> None:
     """Hand the freed pages of shed requests back to the system (D69: the allocator keeps them
     otherwise, and the worker's resident memory stays as if they still waited)."""
     try:

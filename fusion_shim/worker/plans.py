@@ -56,6 +56,11 @@ class Plans:
         self._plans: dict[tuple, Plan] = {}
         self._offsets: list[int] = []  # where the id's value starts in the headers planned
 
+    def forget(self, who: str) -> None:
+        """Drop ``who``'s plans (its run ended)."""
+        for key in [k for k in self._plans if k[0] == who]:
+            del self._plans[key]
+
     def find(self, who: str, frames: list, max_bytes: int) -> tuple[int, list, Plan] | None:
         """``(id, arrays, plan)`` for a request of ``who`` that one of its plans answers, else None
         (decode it in full). The plan's header is its first call's: the id is the request's own."""

@@ -12,6 +12,8 @@ Security and faults:
   directory and on the peer's uid (D60). ``max_bytes`` is the budget of one message; it is
   ZeroMQ's ``MAXMSGSIZE`` on the socket as well, so a larger frame is dropped with its connection
   before it is buffered; what one principal has waiting is bounded too (D69, :mod:`.inbox`).
+- Connections past a total and a per-principal limit are shut, never a crash (D193,
+  :mod:`.connections`); a principal's data goes a grace after its last connection closed (D195).
 - A call declares its results; they count against the budget before the kernel runs, FFT sizes
   (``n``, ``s``) must fit them, a call whose shapes make more result elements than it declared
   (:mod:`.shapes`: ``kron``, ``outer``, ``einsum``, ...) is refused before it runs (D61), and a
@@ -55,19 +57,19 @@ import zmq
 
 from ..protocol import messages, wire
 from ..protocol.fingerprint import RESIDENT_MIN, fingerprint
-from ..transport import check_url, context, is_loopback
+from ..transport import check_url
 from ..transport import shm_common
 from ..transport.shm_worker import ShmMapper
 from ..transport.principal import ANON, Principal
 from . import planned
-from .inbox import Inbox
+from .inbox import DRAIN_MIN, Inbox, trim_heap
+from .listen import INSECURE_WARNING, QUEUED_PER_CONNECTION, Listener  # noqa: F401  (names tests import)
 from .plans import Plans
 from .shapes import over_declared
 from .store import ResidentStore, default_budget
 
 MAX_MESSAGE_BYTES = 1 << 36  # the most ``max_bytes`` defaults to (D65: also half the host's, the GPU's memory)
-# D78: not raised, though libzmq then wakes its I/O thread about once more per request
-QUEUED_PER_CONNECTION = 4     # D65: requests a connection may have waiting; then ZeroMQ stops reading it
+TRIM_AFTER = 64 << 20  # D197: received since the last trim, an idle loop trims the heap
 ALIGN = 16  # bytes: inputs a CPU kernel reads in place start at a multiple of this
 # FFT sizes name an output length: each must fit the declared results (rfft gives n // 2 + 1)
 # (numba kernels: bincount's number of bins, correlate's output length)
@@ -164,6 +166,18 @@ class Worker:
         shm_stats = self.shm.stats_for(principal) if self.shm is not None else {}
         return {**traffic, **self.store.stats(principal.name), **shm_stats,
                 "fingerprint_mismatches": self.fingerprint_mismatches.get(principal.name, 0)}
+
+    def forget(self, name: str) -> int:
+        """D195: principal ``name``'s run ended (its last connection closed a grace ago): its
+        resident entries, plans and counters go, and the memory they took goes back to the system."""
+        freed = self.store.forget(name)
+        self.plans.forget(name)
+        self.traffic.pop(name, None)
+        self.fingerprint_mismatches.pop(name, None)
+        if freed:
+            _free_memory(self.backend)
+            trim_heap()
+        return freed
 
     def count(self, principal: Principal, bytes_in: int, bytes_out: int) -> None:
         """A call message answered for ``principal``: its bytes each way."""
@@ -476,55 +490,26 @@ class _Refusal(Exception):
         self.kind, self.exc = kind, exc
 
 
-INSECURE_WARNING = """\
-fusion_shim worker: WARNING: serving {url} WITHOUT AUTHENTICATION (--insecure).
-  Anyone who can reach this address can send buffers to this worker and run its kernels on them.
-  Use --keys DIR (fusion-shim keys DIR) to accept only the clients you list; on loopback, leave out
-  --insecure to accept only this user's processes (its own keys, ~/.config/fusion_shim/keys)."""
-
-
 def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: threading.Event | None = None,
           keys: Any = None, insecure: bool = False, ready: threading.Event | None = None,
-          on_request: Any = None, on_bound: Any = None) -> None:
+          on_request: Any = None, on_bound: Any = None, connection_limits: dict | None = None) -> None:
     """Bind ``url``, warm up, then answer requests until ``stop`` is set or the parent exits.
 
     ``keys``: a directory from ``fusion-shim keys`` (CURVE, allow-listed clients only), or
     ``(public, secret, auth.AllowList)`` held in memory (a pool's worker). A tcp address without
     ``keys`` is refused unless ``insecure``. ``ready`` is set once bound; ``on_bound`` is called with
     the endpoint bound (a ``tcp://host:*`` address names its port there); ``on_request`` (tests) is
-    called with every request that reaches the dispatcher."""
-    if check_url(url) == "tcp" and keys is None:  # D68: loopback too, since any local user reaches it
-        if not insecure:
-            where = ("serve with --keys DIR, or without it to use this user's own keys" if is_loopback(url) else
-                     "make keys with `fusion-shim keys DIR` and serve with --keys DIR")
-            raise SystemExit(f"refusing to bind {url}: a tcp address needs authentication; {where} (or bind an "
-                             "ipc:// path in a private directory; --insecure serves without authentication)")
-        print(INSECURE_WARNING.format(url=url), file=sys.stderr, flush=True)
-    auth = None
-    # a CURVE worker gets its own context: the ZAP handler is per context, and it must not judge
-    # the sockets of a client living in the same process (tests)
-    ctx = zmq.Context() if keys is not None else context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.MAXMSGSIZE, max(worker.max_bytes, wire.MAX_HEADER))
-    sock.setsockopt(zmq.RCVHWM, QUEUED_PER_CONNECTION)
-    try:
-        if keys is not None:
-            from ..auth import secure_server, secure_server_with
-            from .isolation import protect  # D215: no stage process reads the keys
-            auth = secure_server(ctx, sock, protect(keys)) if isinstance(keys, str) else secure_server_with(ctx, sock, *keys)
-        sock.bind(url)
-    except BaseException:
-        sock.close(linger=0)
-        if auth is not None:
-            auth.stop()
-        raise
+    called with every request that reaches the dispatcher; ``connection_limits`` (tests): keyword
+    arguments of :class:`.connections.Connections` (``max_total``, ``max_per_principal``, ``grace_s``)."""
+    listener = Listener(url, worker.max_bytes, keys, insecure, connection_limits)
+    sock, conns = listener.sock, listener.conns
     worker.enable_shm(url)
     if on_bound is not None:
         on_bound(sock.getsockopt(zmq.LAST_ENDPOINT).decode())
     if ready is not None:
         ready.set()
     inbox = Inbox(sock, keys is not None)  # D69: bytes waiting, bounded per principal
+    unreturned = 0  # bytes received since the heap was last trimmed
     try:
         # hellos that arrive meanwhile wait: nobody is told "ready" early
         inbox.running(lambda: worker.warm(shared=parent_pid is not None))
@@ -534,34 +519,46 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
                 _send_stage_replies(inbox, stages)
             got = inbox.next(200 if stages is None else stages.poll_ms(200))
             if got is None:
-                worker.idle()
+                _housekeeping(worker, conns)
+                if unreturned >= TRIM_AFTER:
+                    trim_heap()  # D197: idle, the freed buffers of large messages go back to the system
+                    unreturned = 0
                 if parent_pid is not None and not _alive(parent_pid):
                     return  # the embedded worker's client is gone: do not linger as an orphan
                 continue
             frames, principal = got
+            if keys is not None:
+                conns.learn(frames[1], principal.name)
             if on_request is not None:
                 on_request(frames[1:])
             if (host := worker.stage_host(frames)) is not None and host.take(frames, principal):
                 continue
             reply = inbox.running(lambda: worker.handle(frames[1:], principal))
+            received = sum(map(len, frames[1:]))  # D77: the loop's frames are zmq.Frames, whose len is their bytes
             try:
                 sent = inbox.send(frames[0].bytes, reply)
-                if worker.last_was_call:  # D77: the loop's frames are zmq.Frames, whose len is their bytes
-                    worker.count(principal, sum(map(len, frames[1:])), sent or 0)
+                if worker.last_was_call:
+                    worker.count(principal, received, sent or 0)
             except zmq.ZMQError as exc:  # the client vanished between request and reply
                 print(f"fusion_shim worker: reply not sent: {exc}", file=sys.stderr)
-            worker.idle()
+            unreturned += received
+            if received >= DRAIN_MIN:
+                inbox.drain()  # D197
+            _housekeeping(worker, conns)
     finally:
         if worker.stages is not None:
             worker.stages.close()
         inbox.close()
-        sock.close(linger=0)
+        listener.close()
         if worker.shm is not None:
             worker.shm.sweep(force=True)  # names left by clients that died
-        if auth is not None:
-            auth.stop()
-        if keys is not None:
-            ctx.term()
+
+
+def _housekeeping(worker: Worker, conns: Any) -> None:
+    """Between requests: the worker's own, and the data of principals whose runs ended (D195)."""
+    worker.idle()
+    for name in conns.ended():
+        worker.forget(name)
 
 
 def _send_stage_replies(inbox: Inbox, stages: Any) -> None:

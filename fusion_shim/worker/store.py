@@ -62,10 +62,10 @@ class ResidentStore:
         evicted: list[str] = []
         if self.nbytes + size > self.budget:
             own = [k for k in self._items if k[0] == owner and k[1] not in pinned]
-            for old in own + [k for k in self._items if k[0] != owner]:
+            for old in own + self._over_share(owner):
                 if self.nbytes + size <= self.budget:
                     break
-                self._drop(old)
+                self._drop(old, counted=old[0] == owner)
                 if old[0] == owner:
                     evicted.append(old[1])
         if self.nbytes + size > self.budget:
@@ -75,11 +75,33 @@ class ResidentStore:
         self._held[owner] = self._held.get(owner, 0) + size
         return evicted
 
-    def _drop(self, k: tuple[str, str]) -> None:
+    def _over_share(self, owner: str) -> list[tuple[str, str]]:
+        """D196: other principals' entries that ``owner``'s upload may evict, least recently used
+        first: only what each holds beyond an equal share of the budget among those holding data."""
+        holders = {p for p, n in self._held.items() if n > 0} | {owner}
+        share = self.budget // len(holders)
+        spare = {p: n - share for p, n in self._held.items() if p != owner and n > share}
+        out = []
+        for k in self._items:
+            if spare.get(k[0], 0) > 0:
+                out.append(k)
+                spare[k[0]] -= self._items[k][2]
+        return out
+
+    def _drop(self, k: tuple[str, str], counted: bool = True) -> None:
         _, _, size = self._items.pop(k)
         self.nbytes -= size
         self._held[k[0]] -= size
-        self._count(k[0], "evictions")
+        if counted:  # D196: an entry another principal's upload pushed out is not counted where its owner sees
+            self._count(k[0], "evictions")
+
+    def forget(self, owner: str) -> int:
+        """Drop everything of ``owner``, its counters too (its run ended); returns the bytes freed."""
+        freed = self._held.pop(owner, 0)
+        for k in [k for k in self._items if k[0] == owner]:
+            self.nbytes -= self._items.pop(k)[2]
+        self._counts.pop(owner, None)
+        return freed
 
     def evict_all(self, owner: str, except_: set[str] | frozenset = frozenset()) -> list[str]:
         """Drop all of ``owner``'s entries but ``except_`` (its call ran out of device memory: make

@@ -94,14 +94,14 @@ def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
     seconds from encoding to decoding, the worker's kernel seconds). The record gets the bytes, the
     phases and the residency counts. ``tmpl``: the call repeats its layout and is encoded from it,
     unless shared memory would carry it."""
-    check_fits(prep, link, wired.refs_in(link.mirror) if wired is not None else ())
     chan = link.channel()
     t0 = time.perf_counter()
     lane = link.shm()
     if tmpl is not None and (lane is None or tmpl.largest < shm_client.MIN_BYTES):
         req: Any = tmpl.request(link.next_id(), prep, lane.drops() if lane is not None else ())
         lane, skeleton = None, tmpl.reply  # a small call's frames as they are, as the lane sends them (D45)
-    else:
+    else:  # a call from a template repeats a layout whose first call was weighed here
+        check_fits(prep, link, wired.refs_in(link.mirror) if wired is not None else ())
         skeleton = None
         header = call_header(link.next_id(), prep, keep=wired is not None)
         if wired is None:

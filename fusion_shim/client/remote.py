@@ -3,6 +3,7 @@ link), the one resend after a stale mirror, and the reply read back into what Nu
 Every fault raises a :class:`transport.TransportError` (the caller computes the call here)."""
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -34,6 +35,54 @@ class ReportedHere(Exception):
     computed here, where NumPy raises, warns or calls as that state says. Not a fault."""
 
 
+class WontFit(WorkerFault):
+    """A call's memory would not fit this host's or the worker's budget: refused before anything
+    is allocated for it, and computed here (where NumPy raises its own error), the worker not at fault."""
+
+
+# D203: calls smaller than this are not weighed against the budgets (reading them costs more than
+# such a call risks); tests lower it
+FIT_CHECK_MIN = 64 << 20
+
+
+def host_available() -> int | None:
+    """This host's available memory in bytes (``MemAvailable``), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_fits(prep: Prepared, link: WorkerLink, refs: Any = ()) -> None:
+    """D203: raise :class:`WontFit` where the call's declared results (which land here) and, on a
+    same-host link, the worker's copies of its inputs and results exceed this host's available
+    memory, or its inputs and results exceed the message budget the worker advertised. Checked
+    before any segment, buffer or frame exists."""
+    results = sum(math.prod(int(d) for d in shape) * np.dtype(dtype).itemsize for dtype, shape in prep.results)
+    refs = set(refs)
+    inputs = sum(a.nbytes for i, a in enumerate(prep.arrays) if i not in refs)
+    if results + inputs < FIT_CHECK_MIN:
+        return
+    worker_budget = link.info.get("max_bytes")
+    if isinstance(worker_budget, int) and not isinstance(worker_budget, bool) and inputs + results > worker_budget:
+        raise WontFit(f"{_size(inputs + results)} of inputs and results exceed the worker's message budget "
+                      f"({_size(worker_budget)}): refused before sending, computed here")
+    same_host = link.url is None or transport.is_loopback(link.url)  # the worker's memory is this host's too
+    need = results + (inputs + results if same_host else 0)
+    avail = host_available()
+    if avail is not None and need > avail:
+        raise WontFit(f"{prep.spec.name} needs {_size(need)} here (results{' and the worker' if same_host else ''}"
+                      f"), this host has {_size(avail)} available: refused before allocating, computed here")
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):.3g} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.3g} MiB"
+
+
 def call_header(rid: int, prep: Prepared, keep: bool = False) -> dict:
     """The header of the ``call`` message for a prepared call (results travel in their layouts' axes,
     see :func:`assemble`)."""
@@ -58,7 +107,8 @@ def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
     if tmpl is not None and (lane is None or tmpl.largest < shm_client.MIN_BYTES):
         req: Any = tmpl.request(link.next_id(), prep, lane.drops() if lane is not None else ())
         lane, skeleton = None, tmpl.reply  # a small call's frames as they are, as the lane sends them (D45)
-    else:
+    else:  # a call from a template repeats a layout whose first call was weighed here
+        check_fits(prep, link, wired.refs_in(link.mirror) if wired is not None else ())
         skeleton = None
         header = call_header(link.next_id(), prep, keep=wired is not None)
         if wired is None:

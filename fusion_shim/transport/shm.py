@@ -8,7 +8,8 @@ and replies, ids, deadlines, validation, the socket lane as the fallback.
 Ownership: **the client owns every segment**, inputs and results alike. It knows when a result
 dies (the program drops the array) and when a call was abandoned; the worker knows neither. So:
 
-- *inputs*: the client copies each buffer into an ``i`` segment from its pool; the worker copies
+- *inputs*: the client copies each buffer into an ``i`` segment from its pool (a buffer passed
+  twice once; past a call's ``INPUT_MAX_BYTES`` they go as zero-copy frames instead, D202); the worker copies
   it into a buffer of its own, out of its mapping with a copy that a SIGBUS stops (D180), or
   through its fd without the C extension (D67): a client that truncates one cannot fault the
   worker; the client takes the segment back when the reply arrives;

@@ -23,6 +23,9 @@ from .shm_common import (PREFIX, SHM_DIR, ShmError, available, boot_id, check_lo
 MIN_BYTES = 256 * 1024
 GRANULE = 64 * 1024          # segment sizes are rounded up to this
 MAX_IDLE_BYTES = 2 << 30     # free segments kept for reuse, per client, beyond which they are closed
+# D202: a call's inputs are copied into segments up to this many bytes; the rest travel as zero-copy
+# frames from the arrays' own buffers, so the client never holds a second copy of a large input
+INPUT_MAX_BYTES = 32 << 20
 
 
 class Segment:
@@ -207,6 +210,7 @@ class Staged:
         self.leased: set[str] = set()
         self.out_slots: list = []
         self.sent = self.received = 0  # buffer bytes this request moved through shared memory
+        self._placed: dict[tuple[int, int], dict] = {}  # (address, bytes) -> locator: a buffer passed twice
         if results is not None:
             self.offer(results)
 
@@ -223,16 +227,24 @@ class Staged:
             self.out_slots.append({"name": seg.name, "offset": 0, "nbytes": nbytes})
 
     def place(self, meta: dict, buf: Any) -> dict | None:
-        """Copy one input buffer into a segment; the locator for its meta, or None (send inline)."""
+        """Copy one input buffer into a segment; the locator for its meta, or None (send it as a
+        frame: small, or past the call's :data:`INPUT_MAX_BYTES`, D202). A buffer passed twice is
+        copied once and named twice."""
         src = np.frombuffer(buf, np.uint8) if not isinstance(buf, np.ndarray) else buf.view(np.uint8).reshape(-1)
         if src.nbytes < MIN_BYTES or src.nbytes == 0:
+            return None
+        key = (src.ctypes.data, src.nbytes)
+        if key in self._placed:
+            return self._placed[key]
+        if self.sent + src.nbytes > INPUT_MAX_BYTES:
             return None
         seg = self.pool.acquire("i", src.nbytes)
         seg.base[:src.nbytes] = src  # the one copy on this side
         self.sent += src.nbytes
         self.inputs.append(seg)
         self.pool.stats["bytes_staged"] += src.nbytes
-        return {"name": seg.name, "offset": 0}
+        loc = self._placed[key] = {"name": seg.name, "offset": 0}
+        return loc
 
     def array(self, loc: Any, dtype: np.dtype, shape: tuple, order: str) -> np.ndarray:
         """A result the worker wrote into one of this request's slots, as a writable array whose

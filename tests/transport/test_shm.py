@@ -223,9 +223,10 @@ CLIENT = textwrap.dedent("""
     a = np.ones((512, 512))
     kept = np.matmul(a, a)          # a result the program holds, on a segment
     b = np.ones((600, 600))         # another size: new segments, their names still in /dev/shm
+    c = np.ones((600, 600))         # a second input (one passed twice is placed once)
     print("calling", flush=True)
     while True:                     # the worker holds each one (--delay): killed during one,
-        np.matmul(b, b)             # however late the test, busy with others, looks
+        np.matmul(b, c)             # however late the test, busy with others, looks
 """)
 
 

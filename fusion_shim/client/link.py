@@ -164,8 +164,8 @@ class WorkerLink:
                 raise transport.BadReply(f"hello answered with an error: {header.get('kind')}: {header.get('msg')}")
             if header["t"] != "ready":
                 raise transport.BadReply(f"hello answered with {header['t']!r}")
-            info = {k: header.get(k) for k in ("pid", "device", "torch", "bench", "memory_budget", "numba", "kernels",
-                                               "boot")}
+            info = {k: header.get(k) for k in ("pid", "device", "torch", "bench", "memory_budget", "max_bytes", "numba",
+                                               "kernels", "boot")}
             if info.get("pid") != self.info.get("pid"):
                 self.mirror.clear()  # a new worker process holds nothing yet
                 if info.get("numba") == "simulator":  # said where the report shows it

@@ -146,7 +146,7 @@ class Worker:
         torch = sys.modules.get("torch")  # loaded by the torch backend; a test backend has none
         self.info = {"pid": os.getpid(), "device": str(self.backend.device),
                      "torch": getattr(torch, "__version__", "none"), "bench": bench, "memory_budget": self.store.budget,
-                     "numba": self.numba, "kernels": sorted(self.kernels),
+                     "max_bytes": self.max_bytes, "numba": self.numba, "kernels": sorted(self.kernels),
                      "boot": shm_common.boot_id()}  # which machine: a client there shares its CPUs
 
     def health(self) -> str | None:

@@ -10,7 +10,11 @@
  * would have without it.
  *
  * Invariants:
- * - The handler is installed once, at the first copy, with SA_SIGINFO; the previous one is kept.
+ * - The handler is installed at the first copy, with SA_SIGINFO, the previous one kept; each later
+ *   copy checks that it is still in place and, where a library installed its own since
+ *   (faulthandler enabled again, Python's signal module), puts it back in front of that one.
+ * - The previous handler is called at most once per signal: one that raises the signal again
+ *   (faulthandler does) reaches the default action, never a loop between the two.
  * - The guard is per thread (guard_jmp and the ranges: thread-local, initial-exec, so the handler
  *   reads them with plain loads), armed and disarmed around the copy behind signal fences, so the
  *   compiler cannot move the copy outside them. Between sigsetjmp and the end of the copy the
@@ -20,6 +24,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <string.h>
@@ -32,6 +37,7 @@ static THREAD_LOCAL const char *volatile guard_lo[2]; /* the two buffers it copi
 static THREAD_LOCAL const char *volatile guard_hi[2];
 static struct sigaction previous;             /* the SIGBUS handler before ours */
 static int installed;
+static volatile sig_atomic_t chaining;        /* a SIGBUS is being passed to the previous handler */
 static Py_ssize_t faults;                     /* copies a SIGBUS stopped, since the module loaded */
 
 static int ours(const char *addr)
@@ -48,15 +54,22 @@ static void on_sigbus(int sig, siginfo_t *info, void *context)
     if (guard_jmp != NULL && info != NULL && info->si_code > 0 && ours((const char *)info->si_addr))
         siglongjmp(*guard_jmp, 1);
     /* not a fault of a guarded copy: what would have happened without this module */
-    if (previous.sa_flags & SA_SIGINFO) {
-        previous.sa_sigaction(sig, info, context);
-        return;
-    }
-    if (previous.sa_handler == SIG_IGN)
-        return;
-    if (previous.sa_handler != SIG_DFL) {
-        previous.sa_handler(sig);
-        return;
+    if (!chaining) {
+        chaining = 1;
+        if (previous.sa_flags & SA_SIGINFO) {
+            previous.sa_sigaction(sig, info, context);
+            chaining = 0;
+            return;
+        }
+        if (previous.sa_handler == SIG_IGN) {
+            chaining = 0;
+            return;
+        }
+        if (previous.sa_handler != SIG_DFL) {
+            previous.sa_handler(sig);
+            chaining = 0;
+            return;
+        }
     }
     signal(sig, SIG_DFL);  /* the default action: the process ends, as it would have */
     raise(sig);
@@ -64,14 +77,24 @@ static void on_sigbus(int sig, siginfo_t *info, void *context)
 
 static int install(void)
 {
-    struct sigaction sa;
-    if (installed)
+    struct sigaction sa, now;
+    if (installed && sigaction(SIGBUS, NULL, &now) == 0 && (now.sa_flags & SA_SIGINFO)
+            && now.sa_sigaction == on_sigbus)
         return 0;
     memset(&sa, 0, sizeof sa);
     sa.sa_sigaction = on_sigbus;
     sa.sa_flags = SA_SIGINFO;
     sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGBUS, &sa, &previous) != 0) {
+    /* SIGBUS blocked while `previous` changes: the handler never reads it half-written */
+    sigset_t bus, old;
+    sigemptyset(&bus);
+    sigaddset(&bus, SIGBUS);
+    pthread_sigmask(SIG_BLOCK, &bus, &old);
+    int failed = sigaction(SIGBUS, &sa, &now) != 0;
+    if (!failed)
+        previous = now;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (failed) {
         PyErr_SetFromErrno(PyExc_OSError);
         return -1;
     }

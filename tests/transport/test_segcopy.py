@@ -128,3 +128,20 @@ def test_a_sigbus_sent_by_kill_still_ends_the_process():
             "guarded_copy().copy(bytearray(1), b'x')\nos.kill(os.getpid(), signal.SIGBUS)\nprint('survived')")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == -signal.SIGBUS and "survived" not in run.stdout
+
+
+@pytest.mark.parametrize("then", ["faulthandler", "signal"])
+def test_a_handler_installed_after_the_first_copy_does_not_disarm_the_guard(then):
+    """A library that sets its own SIGBUS handler after the first copy (faulthandler enabled again,
+    Python's signal module) must not turn the next truncated segment into a crash."""
+    path = os.path.join(shm.SHM_DIR, f"fs-segcopy-late-{os.getpid()}-{then}")
+    replace = ("import faulthandler; faulthandler.enable()" if then == "faulthandler" else
+               "import signal; signal.signal(signal.SIGBUS, lambda *a: None)")
+    code = (f"import mmap, os\nfrom fusion_shim.transport.shm_worker import guarded_copy\n"
+            f"copy = guarded_copy().copy\nfd = os.open({path!r}, os.O_RDWR | os.O_CREAT, 0o600)\n"
+            f"os.unlink({path!r})\nos.ftruncate(fd, {N})\n"
+            f"view = memoryview(mmap.mmap(fd, {N}, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE))\n"
+            f"assert copy(view, bytes({N}))\n{replace}\nos.ftruncate(fd, 4096)\n"
+            f"print('stopped' if copy(bytearray({N}), view) is False else 'copied')\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == "stopped", (run.returncode, run.stderr[-500:])

@@ -124,3 +124,15 @@ def test_a_report_without_the_recording_fields_is_refused(tmp_path, capsys):
                                              "phases": {"local": 1e-3}, "wall_s": 1e-3}]}))
     assert command.main([str(path), "--device", "l4", "--link", "wan"]) == 2
     assert "record it again" in capsys.readouterr().err
+
+
+def test_an_array_like_the_recording_cannot_read_is_an_event_never_an_exception():
+    class Odd:
+        @property
+        def __array_interface__(self):
+            raise RuntimeError("no")
+
+    led = Ledger(trace_io=True)
+    rec = Record("numpy.matmul", "products")
+    led.trace_io(rec, (Odd(),), {}, None)
+    assert rec.inputs is None and "not traced" in led.events[-1][1]

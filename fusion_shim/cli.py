@@ -27,6 +27,7 @@ usage: python -m fusion_shim [options] (app.py | -m module) [args...]
        fusion-shim keys DIR [--client NAME ...]
        fusion-shim pool up|status|down [--ray ADDRESS] [--workers N] [--name NAME]   (docs/pool.md)
        fusion-shim report run.json [--what-if bandwidth=B,rtt=S,speedup=X] [--trace PATH]
+       fusion-shim replay run.json --device NAME --link NAME   a SIMULATED run on other hardware (docs/replay.md)
        fusion-shim calibrate        measure this machine's local speed now and cache it
        fusion-shim config [options] [app.py | DIR]   the settings in force there, and where each came from
 
@@ -121,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         return worker_main(argv[1:])
     if argv[0] == "report":
         return report_main(argv[1:])
+    if argv[0] == "replay":
+        from .replay.command import main as replay_main
+
+        return replay_main(argv[1:])
     if argv[0] == "calibrate":
         return calibrate_main(argv[1:])
     if argv[0] == "keys":

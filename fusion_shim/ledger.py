@@ -33,7 +33,8 @@ class Record:
     __slots__ = ("op", "family", "site", "shapes", "dtypes", "kind", "reason", "predicted_local_s",
                  "predicted_remote_s", "phases", "bytes_sent", "bytes_received", "wall_s", "start_s", "raised",
                  "thread", "verify", "local_measured_s", "resident_hits", "bytes_saved", "resends", "evictions",
-                 "shm_sent", "shm_received", "worker", "repeated", "plan")
+                 "shm_sent", "shm_received", "worker", "repeated", "cdtype", "flops", "bytes_in", "bytes_out",
+                 "params", "inputs", "results", "plan")
     FIELDS = __slots__[:-1]
 
     def __init__(self, op: str, family: str, site: str = "?", shapes: list | None = None,
@@ -43,7 +44,10 @@ class Record:
                  wall_s: float = 0.0, start_s: float = 0.0, raised: str | None = None, thread: int = 0,
                  verify: str | None = None, local_measured_s: float | None = None, resident_hits: int = 0,
                  bytes_saved: int = 0, resends: int = 0, evictions: int = 0, shm_sent: int = 0,
-                 shm_received: int = 0, worker: int | None = None, repeated: bool = False):
+                 shm_received: int = 0, worker: int | None = None, repeated: bool = False,
+                 cdtype: str | None = None, flops: float | None = None, bytes_in: int | None = None,
+                 bytes_out: int | None = None, params: dict | None = None, inputs: list | None = None,
+                 results: list | None = None):
         self.op = op
         self.family = family
         self.site = site
@@ -70,6 +74,15 @@ class Record:
         self.shm_received = shm_received  # ... and result bytes that came back that way
         self.worker = worker            # the index of the worker that answered it (the trace's device tracks)
         self.repeated = repeated        # sent from the template of an earlier call with its layout (D45)
+        # what a replay needs (fusion_shim.replay): the planner's view of the call, its scalar
+        # arguments, and buffer tokens of its inputs and results (Ledger.trace_io)
+        self.cdtype = cdtype
+        self.flops = flops
+        self.bytes_in = bytes_in
+        self.bytes_out = bytes_out
+        self.params = params
+        self.inputs = inputs
+        self.results = results
 
     def as_dict(self) -> dict[str, Any]:
         """The fields, containers copied (what the JSON report holds)."""
@@ -78,6 +91,9 @@ class Record:
             out[name] = list(out[name])
         for name in _DICTS:
             out[name] = dict(out[name])
+        for name in ("inputs", "results"):
+            if out[name] is not None:
+                out[name] = list(out[name])
         return out
 
     def __eq__(self, other: object) -> bool:
@@ -125,8 +141,11 @@ def _is_library(filename: str) -> bool:
 
 
 class Ledger:
-    def __init__(self) -> None:
+    def __init__(self, trace_io: bool = False) -> None:
         self.lock = _thread.allocate_lock()
+        # with a JSON report: each recorded call's inputs and results as buffer tokens (a replay's residency)
+        self.tracing = trace_io
+        self.buffers = Buffers()
         self.started = time.perf_counter()
         self.records: list[Record] = []
         self.dropped = 0
@@ -176,6 +195,10 @@ class Ledger:
             self.events.append((self.now(), text))
 
     def add(self, rec: Record) -> None:
+        planned = getattr(rec, "plan", None)
+        if planned is not None and rec.flops is None:
+            call = planned.call
+            rec.cdtype, rec.flops, rec.bytes_in, rec.bytes_out = call.dtype, call.flops, call.bytes_in, call.bytes_out
         with self.lock:
             agg = self.ops[rec.op]
             agg["family"] = rec.family
@@ -243,6 +266,15 @@ class Ledger:
                 ops.setdefault(name, {**_new_op(), "reasons": {}, "phases": {}})["below_floor"] = n
         return ops
 
+    def trace_io(self, rec: Record, args: tuple, kwargs: dict, result: Any) -> None:
+        """After a recorded call returned: its scalar arguments, and tokens for its array inputs and
+        results (the same token for the same live buffer: what a worker could already hold)."""
+        with self.lock:
+            try:
+                rec.params, rec.inputs, rec.results = self.buffers.trace(args, kwargs, result)
+            except Exception as exc:  # an odd array-like: the call is recorded without its buffers, never raised
+                self.events.append((self.now(), f"buffers of a {rec.op} call not traced: {type(exc).__name__}"))
+
     def snapshot(self) -> dict[str, Any]:
         with self.lock:
             ops = self._ops_locked()
@@ -253,7 +285,61 @@ class Ledger:
                 "records": [r.as_dict() for r in self.records],
                 "records_dropped": self.dropped,
                 "startup": dict(self.startup),
+                # D238: the records are a sample (the first calls, MAX_PER_SITE per site): a replay scales by site
+                "sample": {"kept": len(self.records), "dropped": self.dropped, "max_records": MAX_RECORDS,
+                           "max_per_site": MAX_PER_SITE, "traced": self.tracing},
             }
+
+
+BUFFERS_MAX = 4096  # buffer tokens held; the oldest forgotten first (its buffer then reads as new)
+_SCALARS = (bool, int, float, str, type(None))
+
+
+class Buffers:
+    """Tokens for array buffers: one per (address, shape, strides, dtype) while the array that owns
+    it lives (a weak reference tells a freed buffer's address reused); a result always gets a new
+    one (D239: by address, not content: a recording never hashes the program's data)."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple, tuple[Any, int]] = {}
+        self._next = 0
+
+    def _key(self, arr: Any) -> tuple:
+        return (arr.__array_interface__["data"][0], arr.shape, arr.strides, arr.dtype.str)
+
+    def _token(self, arr: Any, fresh: bool) -> int:
+        import weakref
+
+        key = self._key(arr)
+        held = self._held.get(key)
+        if held is not None and not fresh and held[0]() is not None:
+            return held[1]
+        self._next += 1
+        root = arr
+        while getattr(root, "base", None) is not None and hasattr(root.base, "__array_interface__"):
+            root = root.base
+        try:
+            ref = weakref.ref(root)
+        except TypeError:  # a base that takes no weak reference: held for the run
+            ref = (lambda r: (lambda: r))(root)
+        self._held.pop(key, None)
+        self._held[key] = (ref, self._next)
+        if len(self._held) > BUFFERS_MAX:
+            self._held.pop(next(iter(self._held)))
+        return self._next
+
+    def trace(self, args: tuple, kwargs: dict, result: Any) -> tuple[dict, list[int], list[int]]:
+        params: dict[str, Any] = {}
+        inputs: list[int] = []
+        for i, value in enumerate((*args, *kwargs.values())):
+            name = str(i) if i < len(args) else list(kwargs)[i - len(args)]
+            if hasattr(value, "__array_interface__"):
+                inputs.append(self._token(value, fresh=False))
+            elif isinstance(value, _SCALARS) or (isinstance(value, tuple) and all(isinstance(v, _SCALARS) for v in value)):
+                params[name] = value
+        outs = result if isinstance(result, tuple) else (result,)
+        results = [self._token(r, fresh=True) for r in outs if hasattr(r, "__array_interface__")]
+        return params, inputs, results
 
 
 def _phase_sums(by_names: dict[tuple, list]) -> dict[str, float]:

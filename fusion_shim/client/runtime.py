@@ -62,7 +62,7 @@ class Runtime:
 
     def __init__(self, config: Config, publish_floors: FloorPublisher | None = None, export_env: bool = False):
         self._config = config
-        self.ledger = Ledger()
+        self.ledger = Ledger(trace_io=config.report is not None)
         self.guard = GUARD  # .busy: the shim's own NumPy calls must not re-enter it
         self.local_only = config.policy == "local"
         self.export_env = export_env
@@ -473,7 +473,10 @@ class Runtime:
         finally:
             guard.busy = False
         if got.__class__ is not Record:
-            return self.checks.finish(got, check, sig, args, kwargs)
+            result = self.checks.finish(got, check, sig, args, kwargs)
+            if self.ledger.tracing:
+                self.ledger.trace_io(got.rec, args, kwargs, result)
+            return result
         t = time.perf_counter()
         try:
             result = original(*args, **kwargs)
@@ -481,6 +484,8 @@ class Runtime:
             self.calls.local_done(got, time.perf_counter() - t, exc)
             raise
         self.calls.local_done(got, time.perf_counter() - t, None)
+        if self.ledger.tracing:
+            self.ledger.trace_io(got, args, kwargs, result)
         return result
 
     def _call_path(self, spec: OpSpec) -> "CallPath":

@@ -1,0 +1,247 @@
+"""Device and link models for a replay, as data: peaks, bandwidths, latencies, efficiency curves.
+
+Every figure and its source is listed in docs/replay.md; the efficiency curves are ASSUMPTIONS
+(shaped after public GEMM/FFT/LAPACK benchmarks, not measured here). A user's own TOML
+(``--device-file``/``--link-file``) adds or overrides entries with the same keys.
+
+A call's device time: ``launches * launch_s + max(flops / (peak * eff(flops)), bytes / mem_bps)``,
+``peak`` by dtype (``gemm_peak`` for products where the device's matrix units apply), ``eff`` by
+family class, interpolated in log flops. A link's time: ``per_call_s + rtt_s + up/bps + down/bps``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# (flops, efficiency) per class; log-linear between points, constant beyond (ASSUMED: docs/replay.md)
+GPU_EFF = {
+    "gemm": [(1e6, 0.01), (1e8, 0.15), (1e10, 0.6), (1e12, 0.85)],
+    "fft": [(1e6, 0.005), (1e8, 0.05), (1e10, 0.2), (1e12, 0.3)],
+    "factor": [(1e6, 0.002), (1e8, 0.02), (1e10, 0.15), (1e12, 0.4)],
+    "spectral": [(1e6, 0.0005), (1e8, 0.004), (1e10, 0.03), (1e12, 0.08)],
+}
+LAUNCHES = {"gemm": 1, "fft": 2, "factor": 6, "spectral": 30}  # kernels per call (ASSUMED)
+SPECTRAL = ("svd", "eig", "eigh", "eigvals", "eigvalsh", "lstsq", "pinv", "matrix_rank", "svdvals")
+
+
+def op_class(op: str, family: str) -> str:
+    """gemm | fft | factor (LU, QR, Cholesky, solve, inv) | spectral (SVD, eigh and their kin)."""
+    if family == "fft":
+        return "fft"
+    if family == "linalg" or op.startswith(("numpy.linalg.", "scipy.linalg.")):
+        return "spectral" if op.rsplit(".", 1)[-1] in SPECTRAL else "factor"
+    return "gemm"
+
+
+@dataclass
+class Device:
+    name: str
+    peak: dict[str, float]                 # flop/s by dtype code (f8, f4, c16, c8)
+    mem_bps: float                         # memory bandwidth, bytes/s
+    memory: float                          # capacity, bytes
+    launch_s: float                        # one kernel launch
+    cold_start_s: float                    # process start, context, warm-up, self-benchmark
+    gemm_peak: dict[str, float] = field(default_factory=dict)  # matrix units, where they apply to products
+    eff: dict[str, list] = field(default_factory=lambda: GPU_EFF)
+    source: str = ""
+    # measured (flops, seconds) per "family/dtype" and per "op/dtype" (a worker's self-benchmark):
+    # where present they replace peak and efficiency
+    curves: dict[str, list] = field(default_factory=dict)
+
+    def compute_s(self, op: str, family: str, dtype: str, flops: float, nbytes: float) -> float:
+        measured = self.curves.get(f"{op}/{dtype}") or self.curves.get(f"{family}/{dtype}")
+        if measured is None and dtype not in ("f8", "f4", "c16", "c8"):
+            measured = self.curves.get(f"{family}/f8")
+        if measured:
+            return flops / _interp_rate(measured, flops)
+        cls = op_class(op, family)
+        peak = (self.gemm_peak if cls == "gemm" else {}).get(dtype) or self.peak.get(dtype) or self.peak.get("f8", 1e9)
+        eff = _interp(self.eff.get(cls) or GPU_EFF[cls], flops)
+        return LAUNCHES[cls] * self.launch_s + max(flops / (peak * eff), nbytes / self.mem_bps)
+
+    def bench(self) -> dict[str, Any]:
+        """What this device's worker would report as its self-benchmark (points per family/dtype and
+        per decomposition), timed through the model: the planner's first knowledge of it."""
+        if self.curves:
+            points = {k: v for k, v in self.curves.items() if k.split("/")[0] in ("products", "linalg", "fft")}
+            ops = {k: v for k, v in self.curves.items() if k not in points}
+            return {"points": points, "ops": ops}
+        rep = {"products": "numpy.matmul", "linalg": "numpy.linalg.solve", "fft": "numpy.fft.fft"}
+        points = {}
+        for family, op in rep.items():
+            for dtype, size in (("f4", 4), ("f8", 8), ("c8", 8), ("c16", 16)):
+                pts = []
+                for n in (256, 1024, 4096):
+                    flops, nbytes = _shape_work(family, n, size)
+                    pts.append([flops, self.compute_s(op, family, dtype, flops, nbytes)])
+                points[f"{family}/{dtype}"] = pts
+        ops = {}
+        for op in ("numpy.linalg.svd", "numpy.linalg.eigh", "numpy.linalg.qr", "numpy.linalg.cholesky"):
+            pts = []
+            for n in (256, 1024):
+                flops, nbytes = _shape_work("linalg", n, 8)
+                pts.append([flops, self.compute_s(op, "linalg", "f8", flops, nbytes)])
+            ops[f"{op}/f8"] = pts
+        return {"points": points, "ops": ops}
+
+
+@dataclass
+class Link:
+    name: str
+    rtt_s: float
+    up_bps: float
+    down_bps: float
+    per_call_s: float                      # this project's own per-call work: encode, decode, copies
+    source: str = ""
+
+    def transfer_s(self, up: float, down: float) -> float:
+        return self.per_call_s + self.rtt_s + up / self.up_bps + down / self.down_bps
+
+
+def _shape_work(family: str, n: int, size: int) -> tuple[float, float]:
+    if family == "fft":
+        m = n * n
+        return 5.0 * m * math.log2(m), 2.0 * m * size
+    return 2.0 * n ** 3, 3.0 * n * n * size
+
+
+def _interp(points: list, x: float) -> float:
+    pts = sorted((math.log(a), b) for a, b in points)
+    lx = math.log(max(x, 1.0))
+    if lx <= pts[0][0]:
+        return pts[0][1]
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if lx <= x1:
+            return y0 + (y1 - y0) * (lx - x0) / (x1 - x0)
+    return pts[-1][1]
+
+
+def _interp_rate(points: list, flops: float) -> float:
+    """flop/s at ``flops`` from measured (flops, seconds) points, log-log, held beyond the ends."""
+    logs = [(math.log(f), math.log(f / s)) for f, s in points if f > 0 and s > 0]
+    return math.exp(_interp([(math.exp(a), b) for a, b in logs], flops))
+
+
+T = 1e12
+# datasheet figures (docs/replay.md lists each source)
+DEVICES: dict[str, dict[str, Any]] = {
+    "h100-sxm": dict(peak={"f8": 34 * T, "c16": 34 * T, "f4": 67 * T, "c8": 67 * T}, gemm_peak={"f8": 67 * T, "c16": 67 * T},
+                     mem_bps=3.35e12, memory=80e9, launch_s=5e-6, cold_start_s=8.0,
+                     source="NVIDIA H100 Tensor Core GPU datasheet (SXM5)"),
+    "h100-pcie": dict(peak={"f8": 26 * T, "c16": 26 * T, "f4": 51 * T, "c8": 51 * T}, gemm_peak={"f8": 51 * T, "c16": 51 * T},
+                      mem_bps=2.0e12, memory=80e9, launch_s=5e-6, cold_start_s=8.0,
+                      source="NVIDIA H100 Tensor Core GPU datasheet (PCIe)"),
+    "h200": dict(peak={"f8": 34 * T, "c16": 34 * T, "f4": 67 * T, "c8": 67 * T}, gemm_peak={"f8": 67 * T, "c16": 67 * T},
+                 mem_bps=4.8e12, memory=141e9, launch_s=5e-6, cold_start_s=8.0,
+                 source="NVIDIA H200 Tensor Core GPU datasheet (SXM)"),
+    "a100": dict(peak={"f8": 9.7 * T, "c16": 9.7 * T, "f4": 19.5 * T, "c8": 19.5 * T}, gemm_peak={"f8": 19.5 * T, "c16": 19.5 * T},
+                 mem_bps=2.039e12, memory=80e9, launch_s=5e-6, cold_start_s=8.0,
+                 source="NVIDIA A100 Tensor Core GPU datasheet (80GB SXM)"),
+    "l4": dict(peak={"f8": 0.47 * T, "c16": 0.47 * T, "f4": 30.3 * T, "c8": 30.3 * T},
+               mem_bps=300e9, memory=24e9, launch_s=5e-6, cold_start_s=6.0,
+               source="NVIDIA L4 Tensor Core GPU datasheet; FP64 = FP32/64 (Ada), derived"),
+}
+LINKS: dict[str, dict[str, Any]] = {
+    "pcie5": dict(rtt_s=10e-6, up_bps=50e9, down_bps=50e9, per_call_s=50e-6,
+                  source="PCI-SIG PCIe 5.0 x16: 32 GT/s x 16 lanes, 128b/130b = 63 GB/s each way; 50 GB/s pinned ASSUMED"),
+    "pcie5-pageable": dict(rtt_s=10e-6, up_bps=25e9, down_bps=25e9, per_call_s=50e-6,
+                           source="PCIe 5.0 x16 with pageable host memory: half the pinned rate ASSUMED"),
+    "10gbe": dict(rtt_s=100e-6, up_bps=1.17e9, down_bps=1.17e9, per_call_s=50e-6,
+                  source="IEEE 802.3ae 10 Gbit/s; 94% TCP goodput; 100 us LAN round trip ASSUMED"),
+    "1gbe": dict(rtt_s=200e-6, up_bps=1.17e8, down_bps=1.17e8, per_call_s=50e-6,
+                 source="IEEE 802.3ab 1 Gbit/s; 94% TCP goodput; 200 us LAN round trip ASSUMED"),
+    "wan": dict(rtt_s=20e-3, up_bps=12.5e6, down_bps=12.5e6, per_call_s=50e-6,
+                source="100 Mbit/s, 20 ms round trip (the scenario fusion_shim targets)"),
+}
+
+
+def cpu_worker(report: dict[str, Any]) -> Device:
+    """This host's CPU worker, from its self-benchmark in the report (``worker.info.bench``)."""
+    info = ((report.get("worker") or {}).get("info") or {})
+    bench = info.get("bench") if isinstance(info.get("bench"), dict) else {}
+    curves = {**(bench.get("points") or {}), **(bench.get("ops") or {})}
+    if not curves:
+        raise ValueError("the report holds no worker self-benchmark (worker.info.bench): record a run with "
+                         "a CPU worker (--device cpu or --policy remote) to replay on 'cpu-worker'")
+    ready = (report.get("worker") or {}).get("ready_after_s")
+    return Device("cpu-worker", peak={}, mem_bps=20e9, memory=8e9, launch_s=0.0,
+                  cold_start_s=float(ready) if isinstance(ready, (int, float)) else 2.0,
+                  source="the recorded worker's own self-benchmark", curves=curves)
+
+
+def loopback(report: dict[str, Any]) -> Link:
+    """The link of the recorded run: its round trip measured at connect (``worker.info.link``), and
+    its per-call cost and bandwidth fitted to the recorded worker calls' own times outside the kernel
+    (least squares of seconds on bytes moved; D240), else the bandwidth its probe measured."""
+    info = ((report.get("worker") or {}).get("info") or {})
+    link = info.get("link") if isinstance(info.get("link"), dict) else {}
+    rtt = link.get("rtt_s")
+    if not isinstance(rtt, (int, float)):
+        raise ValueError("the report holds no measured link (worker.info.link.rtt_s): record a run with a worker")
+    up, down = link.get("up_bytes_per_s"), link.get("down_bytes_per_s")
+    fit = _fit_link(report.get("records") or [])
+    if fit is not None:
+        per_call, bps = fit
+        return Link("loopback", float(rtt), bps, bps, per_call_s=max(per_call - rtt, 0.0),
+                    source=f"round trip measured at connect; per-call cost and bandwidth fitted to the "
+                           "recorded worker calls")
+    return Link("loopback", float(rtt), float(up or 2e9), float(down or up or 2e9), per_call_s=0.0,
+                source="measured at connect in the recorded run")
+
+
+def _fit_link(records: list) -> tuple[float, float] | None:
+    """(seconds per call, bytes/s) from worker calls: wall time less kernel and waits, on bytes moved."""
+    pts = []
+    for r in records:
+        ph = r.get("phases") or {}
+        if r.get("kind") != "worker" or "kernel" not in ph:
+            continue
+        moved = (r.get("bytes_sent") or 0) + (r.get("shm_sent") or 0) + (r.get("bytes_received") or 0) + (
+            r.get("shm_received") or 0)
+        pts.append((moved, (r.get("wall_s") or 0.0) - ph["kernel"] - ph.get("wait_ready", 0.0) - ph.get("link_probe", 0.0)))
+    if len(pts) < 4:
+        return None
+    n = len(pts)
+    mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
+    var = sum((x - mx) ** 2 for x, _ in pts)
+    if var <= 0:
+        return None
+    slope = sum((x - mx) * (y - my) for x, y in pts) / var
+    if slope <= 0:
+        return None
+    return max(my - slope * mx, 0.0), 1.0 / slope
+
+
+def _load_toml(path: str) -> dict[str, dict[str, Any]]:
+    import tomllib
+
+    with open(path, "rb") as f:
+        data = tomllib.load(f)
+    if not all(isinstance(v, dict) for v in data.values()):
+        raise ValueError(f"{path}: each entry must be a table, [name]")
+    return data
+
+
+def device(name: str, report: dict[str, Any], path: str | None = None) -> Device:
+    table = {**DEVICES, **(_load_toml(path) if path else {})}
+    if name == "cpu-worker" and name not in table:
+        return cpu_worker(report)
+    if name not in table:
+        raise ValueError(f"unknown device {name!r}; known: " + ", ".join(sorted([*table, "cpu-worker"])))
+    try:
+        return Device(name, **table[name])
+    except TypeError as exc:
+        raise ValueError(f"device {name!r}: {exc}") from None
+
+
+def link(name: str, report: dict[str, Any], path: str | None = None) -> Link:
+    table = {**LINKS, **(_load_toml(path) if path else {})}
+    if name == "loopback" and name not in table:
+        return loopback(report)
+    if name not in table:
+        raise ValueError(f"unknown link {name!r}; known: " + ", ".join(sorted([*table, "loopback"])))
+    try:
+        return Link(name, **table[name])
+    except TypeError as exc:
+        raise ValueError(f"link {name!r}: {exc}") from None

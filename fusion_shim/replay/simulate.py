@@ -1,0 +1,308 @@
+"""A recorded run's calls priced on a modelled device and link: all-local, all-remote, ``auto`` and
+the oracle. Every figure here is SIMULATED.
+
+``auto`` is the real planner (:class:`fusion_shim.plan.Planner`): made as the runtime makes it, told
+the modelled worker is ready with the self-benchmark that worker would report (timed through the
+device model) and the link its connect-time probe would measure, then driven through the recorded
+calls in order: each call that its op's floor lets through is decided by ``Planner.decide`` and the
+simulated time of the place it chose is fed back (``observed_local`` / ``observed_remote``), as the
+call path does. It never reads the models otherwise. Calls under the floor stay here unseen, as on the
+interceptor's fast path.
+
+Residency follows the recorded buffer tokens (``ledger.Buffers``): an input the simulated worker
+holds (uploaded earlier, or a result it computed) is not sent again; inputs under RESIDENT_MIN never
+are kept. An input reused by earlier calls is priced by its share of one upload (as residency.Reuse).
+"""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..plan import Call, Planner, WorkerState
+from .hardware import Device, Link
+
+RESIDENT_MIN = 256 * 1024  # protocol.fingerprint's: smaller buffers are sent by value every time
+REUSE_CAP = 3              # residency.Reuse's
+STRATEGIES = ("local", "remote", "auto", "oracle")
+
+
+@dataclass
+class Step:
+    """One recorded call as the replay sees it."""
+    index: int
+    site: str
+    op: str
+    call: Call | None          # None: no planner view recorded (unsupported): always here
+    local_s: float
+    gap_s: float               # the program's own time before it (not intercepted)
+    inputs: list[tuple[int, int]]   # (token, bytes)
+    results: list[tuple[int, int]]
+    scale: float               # calls of its site per call kept (the sample)
+
+
+@dataclass
+class Outcome:
+    where: list[str] = field(default_factory=list)   # "local" | "worker" per step
+    seconds: list[float] = field(default_factory=list)
+    up: int = 0
+    down: int = 0
+    reasons: list[str] = field(default_factory=list)
+
+    def total(self, steps: list[Step]) -> float:
+        return sum(s * st.scale for s, st in zip(self.seconds, steps))
+
+
+class WorkerSim:
+    """What the modelled worker holds (LRU by bytes) and what this process has reused."""
+
+    def __init__(self, capacity: float):
+        self.held: OrderedDict[int, int] = OrderedDict()
+        self.capacity = capacity
+        self.seen: dict[int, int] = defaultdict(int)
+
+    def priced_up(self, step: Step) -> tuple[int, int]:
+        """(input bytes the planner is told it would send, reused bytes): residency.Wired.to_send."""
+        priced = reused = 0.0
+        for tok, size in step.inputs:
+            if size >= RESIDENT_MIN and tok in self.held:
+                continue
+            share = 1.0 if size < RESIDENT_MIN else 1.0 / (min(self.seen[tok], REUSE_CAP) + 1)
+            priced += size * share
+            reused += size if share < 1.0 else 0
+        return int(priced), int(reused)
+
+    def up(self, step: Step) -> int:
+        return sum(size for tok, size in step.inputs if not (size >= RESIDENT_MIN and tok in self.held))
+
+    def note(self, step: Step) -> None:
+        for tok, size in step.inputs:
+            if size >= RESIDENT_MIN:
+                self.seen[tok] += 1
+
+    def ran(self, step: Step) -> None:
+        for tok, size in (*step.inputs, *step.results):
+            if size >= RESIDENT_MIN:
+                self.held[tok] = size
+                self.held.move_to_end(tok)
+        while self.held and sum(self.held.values()) > self.capacity:
+            self.held.popitem(last=False)
+
+
+def steps_of(report: dict[str, Any]) -> tuple[list[Step], dict[str, Any]]:
+    """The recorded calls, in order, each scaled by its site's calls over its kept ones (D238)."""
+    records = [r for r in report.get("records") or [] if not str(r.get("op", "")).startswith("stage ")]
+    if records and all(r.get("flops") is None for r in records):
+        raise ValueError("this report was recorded before calls kept their work and sizes: "
+                         "record it again with this version's --report")
+    records.sort(key=lambda r: r.get("start_s") or 0.0)
+    kept = defaultdict(int)
+    for r in records:
+        kept[(r.get("site"), r.get("op"))] += 1
+    sites = report.get("sites") or {}
+    rates = _local_rates(records)
+    steps, unpriced, end = [], 0, 0.0
+    for i, r in enumerate(records):
+        local_s = _local_time(r, rates)
+        if local_s is None:
+            unpriced += 1
+            continue
+        call = None
+        if r.get("flops") is not None and r.get("kind") != "unsupported":
+            call = Call(r["op"], r["family"], r.get("cdtype") or "f8", float(r["flops"]), int(r.get("bytes_in") or 0),
+                        int(r.get("bytes_out") or 0))
+        total = (sites.get(f"{r.get('site')} {r.get('op')}") or {}).get("calls") or kept[(r.get("site"), r.get("op"))]
+        start = r.get("start_s") or 0.0
+        steps.append(Step(i, r.get("site", "?"), r["op"], call, local_s, max(start - end, 0.0),
+                          _sized(r.get("inputs"), r.get("shapes"), r.get("dtypes")),
+                          _results(r.get("results"), call), total / kept[(r.get("site"), r.get("op"))]))
+        end = start + (r.get("wall_s") or 0.0)
+    sample = {**(report.get("sample") or {}), "records": len(records), "unpriced": unpriced,
+              "scaled_sites": sum(1 for s in steps if s.scale > 1.0)}
+    return steps, sample
+
+
+def _sized(tokens: Any, shapes: Any, dtypes: Any) -> list[tuple[int, int]]:
+    if not tokens or not shapes or len(tokens) != len(shapes):
+        return [(-(1 + i), _nbytes(s, d)) for i, (s, d) in enumerate(zip(shapes or [], dtypes or []))]
+    return [(int(t), _nbytes(s, d)) for t, s, d in zip(tokens, shapes, dtypes or [])]
+
+
+def _results(tokens: Any, call: Call | None) -> list[tuple[int, int]]:
+    if not tokens or call is None:
+        return []
+    return [(int(t), call.bytes_out // len(tokens)) for t in tokens]
+
+
+def _nbytes(shape: Any, dtype: Any) -> int:
+    try:
+        size = int(str(dtype).lstrip("<>|=")[1:] or 8)
+    except ValueError:
+        size = 8
+    return int(math.prod(shape)) * size
+
+
+def _local_rates(records: list[dict]) -> dict[tuple, float]:
+    """Measured local flop/s per (op, dtype): pricing calls the recorded run sent to its worker."""
+    acc: dict[tuple, list[float]] = defaultdict(list)
+    for r in records:
+        s = (r.get("phases") or {}).get("local") or r.get("local_measured_s")
+        if s and r.get("flops"):
+            acc[(r["op"], r.get("cdtype"))].append(r["flops"] / s)
+    return {k: sorted(v)[len(v) // 2] for k, v in acc.items()}
+
+
+def _local_time(r: dict, rates: dict[tuple, float]) -> float | None:
+    measured = (r.get("phases") or {}).get("local") or r.get("local_measured_s")
+    if measured:
+        return float(measured)
+    rate = rates.get((r.get("op"), r.get("cdtype")))
+    if rate and r.get("flops"):
+        return r["flops"] / rate
+    return r.get("predicted_local_s")
+
+
+def remote_s(step: Step, dev: Device, link: Link, up: int) -> tuple[float, float]:
+    """(seconds from send to answer, the device's share)."""
+    c = step.call
+    kernel = dev.compute_s(c.op, c.family, c.dtype, c.flops, c.bytes_in + c.bytes_out)
+    return link.transfer_s(up, c.bytes_out) + kernel, kernel
+
+
+def run_fixed(steps: list[Step], dev: Device, link: Link, where: str, cold: bool = False) -> Outcome:
+    """Every call here, or every call it can on the worker (a cold one waited for, as policy remote does)."""
+    out, sim = Outcome(), WorkerSim(dev.memory / 2)
+    clock, ready_at = 0.0, dev.cold_start_s if cold else 0.0
+    for st in steps:
+        clock += st.gap_s
+        if where == "local" or st.call is None:
+            seconds, place = st.local_s, "local"
+        else:
+            up = sim.up(st)
+            seconds = remote_s(st, dev, link, up)[0] + max(ready_at - clock, 0.0)
+            place = "worker"
+            sim.note(st)
+            sim.ran(st)
+            out.up += int(up * st.scale)
+            out.down += int(st.call.bytes_out * st.scale)
+        out.where.append(place)
+        out.seconds.append(seconds)
+        clock += seconds
+    return out
+
+
+def run_oracle(steps: list[Step], remote: Outcome) -> Outcome:
+    """D241: each call at its faster place, the worker holding what it holds under all-remote (a bound:
+    an upload all-remote paid once is free to a later call here)."""
+    out = Outcome()
+    for st, there, place in zip(steps, remote.seconds, remote.where):
+        if place == "worker" and there < st.local_s:
+            out.where.append("worker")
+            out.seconds.append(there)
+        else:
+            out.where.append("local")
+            out.seconds.append(st.local_s)
+    return out
+
+
+def make_planner(ops: dict[str, str]) -> Planner:
+    """The planner as the runtime makes it under auto for one worker; D242: no calibration cache
+    and no background thread, so nothing in it reads a clock."""
+    return Planner("auto", 1, ops=ops, inputs_may_be_resident=True)
+
+
+def run_auto(steps: list[Step], dev: Device, link: Link, cold: bool = False,
+             planner: Planner | None = None, on_decision: Callable[[Call, Any], None] | None = None) -> Outcome:
+    """The real planner driven through the calls on a simulated clock (see the module's docstring)."""
+    ops = {st.call.op: st.call.family for st in steps if st.call is not None}
+    planner = planner or make_planner(ops)
+    ready_at = dev.cold_start_s if cold else 0.0
+    clock, told = 0.0, False
+    out, sim = Outcome(), WorkerSim(dev.memory / 2)
+    for st in steps:
+        clock += st.gap_s
+        if not told and clock >= ready_at:
+            planner.worker_ready(0, dev.bench(), link.rtt_s + link.per_call_s, link.up_bps, link.down_bps)
+            told = True
+        call = st.call
+        if call is None or call.bytes_in < planner.floor_cells[call.op][0]:
+            out.where.append("local")  # the interceptor's fast path: nothing decided, nothing learnt
+            out.seconds.append(st.local_s)
+            out.reasons.append("below the floor" if call is not None else "not offloadable")
+            clock += st.local_s
+            continue
+        priced, reused = sim.priced_up(st)
+        state = WorkerState("ready" if told else "starting", bytes_in=priced, reused=reused)
+        d = planner.decide(call, [state])
+        sim.note(st)
+        if on_decision is not None:
+            on_decision(call, d)
+        out.reasons.append(d.reason)
+        if d.where == "worker":
+            up = sim.up(st)
+            seconds, kernel = remote_s(st, dev, link, up)
+            sim.ran(st)
+            planner.observed_remote(0, call, d, seconds, kernel, up, call.bytes_out)
+            out.up += int(up * st.scale)
+            out.down += int(call.bytes_out * st.scale)
+        else:
+            seconds = st.local_s
+            planner.observed_local(call, d, seconds)
+        out.where.append(d.where)
+        out.seconds.append(seconds)
+        clock += seconds
+    return out
+
+
+def compare(report: dict[str, Any], dev: Device, link: Link, cold: bool = False) -> dict[str, Any]:
+    """The four strategies' SIMULATED totals, per site, what moves and the assumptions."""
+    steps, sample = steps_of(report)
+    remote = run_fixed(steps, dev, link, "remote", cold)
+    runs = {"local": run_fixed(steps, dev, link, "local"), "remote": remote,
+            "auto": run_auto(steps, dev, link, cold), "oracle": run_oracle(steps, remote)}
+    intercepted = sum((r.get("wall_s") or 0.0) for r in report.get("records") or [])
+    other_s = max((report.get("wall_s") or 0.0) - intercepted, 0.0)
+    sites: dict[str, dict[str, Any]] = {}
+    for i, st in enumerate(steps):
+        s = sites.setdefault(f"{st.site} {st.op}", {"calls": 0, **{k: 0.0 for k in STRATEGIES}, "auto_worker": 0,
+                                                      "oracle_worker": 0})
+        s["calls"] += st.scale
+        for k, run in runs.items():
+            s[k] += run.seconds[i] * st.scale
+        s["auto_worker"] += (runs["auto"].where[i] == "worker") * st.scale
+        s["oracle_worker"] += (runs["oracle"].where[i] == "worker") * st.scale
+    return {
+        "label": "SIMULATED",
+        "device": dev.name, "device_source": dev.source, "link": link.name, "link_source": link.source,
+        "program": report.get("argv"), "recorded_policy": report.get("policy"),
+        "totals_s": {k: run.total(steps) for k, run in runs.items()},
+        "other_s": other_s,
+        "wall_s": {k: other_s + run.total(steps) for k, run in runs.items()},
+        "bytes": {k: {"up": run.up, "down": run.down} for k, run in runs.items() if k != "oracle"},
+        "moved": {k: sum(st.scale for st, w in zip(steps, run.where) if w == "worker") for k, run in runs.items()},
+        "calls": sum(st.scale for st in steps),
+        "sites": sites,
+        "auto_decisions": [{"site": st.site, "op": st.op, "where": w, "reason": why}
+                           for st, w, why in zip(steps, runs["auto"].where, runs["auto"].reasons)][:200],
+        "sample": sample,
+        "assumptions": assumptions(dev, link, cold, report),
+    }
+
+
+def assumptions(dev: Device, link: Link, cold: bool, report: dict[str, Any]) -> list[str]:
+    below = sum((o.get("below_floor") or 0) for o in (report.get("ops") or {}).values())
+    return [
+        f"device {dev.name}: " + ("its measured self-benchmark curves" if dev.curves else
+                                  "datasheet peaks x ASSUMED per-family efficiency curves (docs/replay.md)"),
+        f"link {link.name}: round trip {link.rtt_s * 1e6:.0f} us, {link.up_bps / 1e9:.3g}/{link.down_bps / 1e9:.3g} "
+        f"GB/s up/down, {link.per_call_s * 1e6:.0f} us per call",
+        "local times: as measured in the recorded run; calls it sent to its worker: the median measured local "
+        "rate of their op, else the planner's prediction",
+        "worker " + (f"cold: ready {dev.cold_start_s:.3g} s into the program (auto computes here until then)"
+                     if cold else "warm from the start (--cold counts its start)"),
+        "the worker keeps inputs and results from 256 KiB up, within half its memory, least recently used "
+        "out first; identity by buffer address while the array lives",
+        f"calls the recorded run kept under its size floor ({below}) are not replayed (they stay here)",
+        "the program's own time between calls is as recorded; no overlap of calls, no noise",
+    ]

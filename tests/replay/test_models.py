@@ -1,0 +1,67 @@
+"""The replay's device and link models: times from datasheet figures and efficiency curves."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fusion_shim.replay import hardware
+
+
+def test_a_gemm_takes_its_flops_over_peak_times_efficiency_plus_one_launch():
+    dev = hardware.device("h100-sxm", {})
+    flops = 1e12  # past the curve's last point: efficiency held at 0.85
+    expected = 5e-6 + flops / (67e12 * 0.85)
+    assert dev.compute_s("numpy.matmul", "products", "f8", flops, 3 * 8 * 10_000**2) == pytest.approx(expected)
+
+
+def test_a_gemm_between_curve_points_is_interpolated_in_log_flops():
+    dev = hardware.device("h100-sxm", {})
+    eff = 0.15 + (0.6 - 0.15) * 0.5  # halfway between 1e8 and 1e10
+    assert dev.compute_s("numpy.matmul", "products", "f8", 1e9, 0) == pytest.approx(5e-6 + 1e9 / (67e12 * eff))
+
+
+def test_a_memory_bound_call_takes_its_bytes_over_the_bandwidth():
+    dev = hardware.device("l4", {})
+    nbytes = 3e9
+    got = dev.compute_s("numpy.fft.fft", "fft", "c8", 1e6, nbytes)
+    assert got == pytest.approx(2 * 5e-6 + nbytes / 300e9)
+
+
+def test_svd_is_priced_far_from_peak():
+    dev = hardware.device("h200", {})
+    gemm = dev.compute_s("numpy.matmul", "products", "f8", 1e11, 0)
+    svd = dev.compute_s("numpy.linalg.svd", "linalg", "f8", 1e11, 0)
+    assert svd > 10 * gemm
+
+
+def test_a_link_transfer_is_overhead_round_trip_and_bytes_over_bandwidth():
+    link = hardware.link("10gbe", {})
+    assert link.transfer_s(1.17e9, 1.17e8) == pytest.approx(50e-6 + 100e-6 + 1.0 + 0.1)
+    wan = hardware.link("wan", {})
+    assert wan.transfer_s(12.5e6, 0) == pytest.approx(50e-6 + 20e-3 + 1.0)
+
+
+def test_loopback_fits_per_call_cost_and_bandwidth_to_the_recorded_worker_calls():
+    recs = [{"kind": "worker", "phases": {"kernel": 0.01}, "bytes_sent": b, "bytes_received": 0,
+             "wall_s": 0.01 + 300e-6 + b / 1e9} for b in (1e5, 1e6, 4e6, 8e6)]
+    link = hardware.loopback({"worker": {"info": {"link": {"rtt_s": 100e-6}}}, "records": recs})
+    assert link.up_bps == pytest.approx(1e9)
+    assert link.per_call_s + link.rtt_s == pytest.approx(300e-6)
+
+
+def test_the_cpu_worker_is_its_own_self_benchmark():
+    report = {"worker": {"info": {"bench": {"points": {"products/f8": [[1e6, 1e-4], [1e8, 1e-3]]}}}}}
+    dev = hardware.device("cpu-worker", report)
+    assert dev.compute_s("numpy.matmul", "products", "f8", 1e8, 0) == pytest.approx(1e-3)
+    assert dev.compute_s("numpy.matmul", "products", "f8", 1e7, 0) == pytest.approx(1e7 / math.sqrt(1e10 * 1e11))
+
+
+def test_a_user_toml_adds_a_device_and_unknown_names_list_the_known(tmp_path):
+    path = tmp_path / "dev.toml"
+    path.write_text('[mygpu]\npeak = {f8 = 1e13}\nmem_bps = 1e12\nmemory = 1e10\nlaunch_s = 1e-5\n'
+                    'cold_start_s = 3.0\nsource = "mine"\n')
+    dev = hardware.device("mygpu", {}, str(path))
+    assert dev.compute_s("numpy.matmul", "products", "f8", 1e12, 0) == pytest.approx(1e-5 + 1e12 / (1e13 * 0.85))
+    with pytest.raises(ValueError, match="h100-sxm"):
+        hardware.device("nope", {})

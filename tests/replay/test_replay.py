@@ -1,0 +1,138 @@
+"""The replay: auto is the real planner, the recording is bounded, the command prints SIMULATED tables."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+import fusion_shim
+from fusion_shim import ledger as ledger_mod
+from fusion_shim.ledger import Buffers, Ledger, Record
+from fusion_shim.plan import Call, WorkerState
+from fusion_shim.replay import command, hardware, simulate
+
+from tests.helpers.shims import installed
+
+
+def _steps():
+    """A program whose small calls stay here and whose big products reuse one matrix."""
+    steps = []
+    for i in range(30):
+        n = 64 if i % 3 else 2048
+        call = Call("numpy.matmul", "products", "f8", 2.0 * n**3, 2 * n * n * 8, n * n * 8)
+        steps.append(simulate.Step(i, "p.py:3", "numpy.matmul", call, 2.0 * n**3 / 20e9, 1e-4,
+                                   [(1, n * n * 8), (100 + i, n * n * 8)], [(1000 + i, n * n * 8)], 1.0))
+    return steps
+
+
+def test_auto_in_a_replay_decides_as_a_live_planner_fed_the_same_times():
+    dev, link = hardware.device("h100-sxm", {}), hardware.link("pcie5", {})
+    steps = _steps()
+    seen = []
+    out = simulate.run_auto(steps, dev, link, on_decision=lambda call, d: seen.append((call, d)))
+    # the same planner class, driven by hand with the times the replay fed it
+    live = simulate.make_planner({"numpy.matmul": "products"})
+    live.worker_ready(0, dev.bench(), link.rtt_s + link.per_call_s, link.up_bps, link.down_bps)
+    sim = simulate.WorkerSim(dev.memory / 2)
+    mine = []
+    for st in steps:
+        if st.call.bytes_in < live.floor_cells[st.call.op][0]:
+            continue
+        priced, reused = sim.priced_up(st)
+        d = live.decide(st.call, [WorkerState("ready", bytes_in=priced, reused=reused)])
+        sim.note(st)
+        mine.append((st.call, d))
+        if d.where == "worker":
+            up = sim.up(st)
+            seconds, kernel = simulate.remote_s(st, dev, link, up)
+            sim.ran(st)
+            live.observed_remote(0, st.call, d, seconds, kernel, up, st.call.bytes_out)
+        else:
+            live.observed_local(st.call, d, st.local_s)
+    assert [(c, d.where, d.reason) for c, d in seen] == [(c, d.where, d.reason) for c, d in mine]
+    assert "worker" in out.where and "local" in out.where  # the big products move, the small ones stay
+
+
+def test_the_oracle_is_never_slower_than_either_fixed_policy():
+    dev, link = hardware.device("l4", {}), hardware.link("1gbe", {})
+    steps = _steps()
+    remote = simulate.run_fixed(steps, dev, link, "remote")
+    local = simulate.run_fixed(steps, dev, link, "local")
+    oracle = simulate.run_oracle(steps, remote)
+    assert oracle.total(steps) <= min(local.total(steps), remote.total(steps)) + 1e-12
+
+
+def test_a_reused_input_is_uploaded_once():
+    dev, link = hardware.device("h100-sxm", {}), hardware.link("pcie5", {})
+    steps = [s for s in _steps() if s.call.flops > 1e9]
+    remote = simulate.run_fixed(steps, dev, link, "remote")
+    n_bytes = 2048 * 2048 * 8
+    assert remote.up == n_bytes * (len(steps) + 1)  # the shared matrix once, each other input once
+
+
+def test_buffers_give_a_live_array_one_token_and_each_result_a_new_one():
+    buffers = Buffers()
+    a, b = np.ones((4, 4)), np.ones((4, 4))
+    _, ins, outs = buffers.trace((a, b), {"axis": 1}, a @ b)
+    params, ins2, _ = buffers.trace((a, a[:2]), {}, None)
+    assert ins2[0] == ins[0] and ins2[1] != ins[0] and outs[0] not in ins
+    assert params == {}
+    p, _, _ = buffers.trace((a,), {"axis": 1, "norm": "ortho"}, None)
+    assert p == {"axis": 1, "norm": "ortho"}
+
+
+def test_the_recording_keeps_a_sample_per_site_and_says_so(monkeypatch):
+    monkeypatch.setattr(ledger_mod, "MAX_PER_SITE", 5)
+    led = Ledger(trace_io=True)
+    for i in range(8):
+        led.add(Record("numpy.matmul", "products", site="a.py:1", kind="local", wall_s=1e-3, start_s=i * 1e-2,
+                       phases={"local": 1e-3}, cdtype="f8", flops=1e6, bytes_in=1000, bytes_out=500))
+    snap = led.snapshot()
+    assert len(snap["records"]) == 5 and snap["sample"]["dropped"] == 3 and snap["sample"]["traced"]
+    steps, sample = simulate.steps_of(snap)
+    assert all(s.scale == 8 / 5 for s in steps) and sample["scaled_sites"] == 5
+
+
+def test_the_command_prints_simulated_tables_for_a_recorded_run(inproc_worker, tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    with installed(inproc_worker, report=str(tmp_path / "run.json"), timeout=30.0):
+        a = rng.standard_normal((300, 300))
+        for _ in range(4):
+            a = np.tanh(a @ a) / 10
+        np.linalg.svd(a)
+        rep = fusion_shim.report(format="json")
+    recs = [r for r in rep["records"] if r["op"].endswith("matmul") or r["op"].endswith("__matmul__")]
+    assert recs and all(r["flops"] and r["inputs"] and r["results"] for r in recs)
+    assert recs[0]["inputs"][0] == recs[0]["inputs"][1]  # a @ a: one buffer, one token
+    assert recs[1]["inputs"][0] not in recs[0]["inputs"]  # a new array: a new token
+    path = tmp_path / "copy.json"
+    path.write_text(json.dumps(rep, default=str))
+    assert command.main([str(path), "--device", "h100-sxm", "--link", "10gbe"]) == 0
+    text = capsys.readouterr().out
+    heads = [ln for ln in text.splitlines() if "ms" in ln]
+    assert heads and all("SIMULATED" in ln for ln in heads)
+    for name in ("all-local", "all-remote", "auto (the planner)", "oracle", "assumptions"):
+        assert name in text
+    assert command.main([str(path), "--device", "cpu-worker", "--link", "loopback", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["label"] == "SIMULATED" and set(got["totals_s"]) == {"local", "remote", "auto", "oracle"}
+
+
+def test_a_report_without_the_recording_fields_is_refused(tmp_path, capsys):
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"records": [{"op": "numpy.matmul", "family": "products", "site": "x",
+                                             "phases": {"local": 1e-3}, "wall_s": 1e-3}]}))
+    assert command.main([str(path), "--device", "l4", "--link", "wan"]) == 2
+    assert "record it again" in capsys.readouterr().err
+
+
+def test_an_array_like_the_recording_cannot_read_is_an_event_never_an_exception():
+    class Odd:
+        @property
+        def __array_interface__(self):
+            raise RuntimeError("no")
+
+    led = Ledger(trace_io=True)
+    rec = Record("numpy.matmul", "products")
+    led.trace_io(rec, (Odd(),), {}, None)
+    assert rec.inputs is None and "not traced" in led.events[-1][1]

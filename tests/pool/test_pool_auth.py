@@ -3,6 +3,9 @@
 own for it (0600), as a user of a cluster would have: the cluster asks for none."""
 from __future__ import annotations
 
+import pathlib
+import tempfile
+
 import json
 import os
 import subprocess
@@ -21,7 +24,7 @@ DEADLINE_S = 300.0
 
 @pytest.fixture(scope="module")
 def open_cluster(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("open-ray")
+    directory = pathlib.Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # Ray: socket paths <= 107 bytes
     proc, address = start_head(directory, {"RAY_AUTH_MODE": "disabled"})
     try:
         yield address, token_env(directory)

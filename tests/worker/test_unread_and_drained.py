@@ -40,6 +40,7 @@ def _dealer(url: str, **opts: int) -> zmq.Socket:
     return sock
 
 
+@pytest.mark.xfail(reason="D194: a small SNDHWM dropped replies clients waited for; unread replies are not bounded yet", strict=True)
 def test_replies_nobody_reads_are_dropped_past_the_send_high_water_mark(sock_dir):
     url = f"ipc://{sock_dir}/w.sock"
     thread, stop = _worker(url)

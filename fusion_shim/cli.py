@@ -47,11 +47,12 @@ options (each also a FUSION_SHIM_* variable and a key of pyproject.toml's [tool.
   --strict                     raise FallbackError where a call would fall back to local
   --server-key PATH            the worker's public key file (a worker serving with --keys)
   --client-keys PATH           this client's .key_secret file (its name in the worker's allow-list)
+  --insecure                   a tcp worker without keys is sent plaintext (it must run --insecure too)
   --stage MODULE:QUALNAME      run that function whole on the worker when it pays (repeatable; docs/stages.md)
 """
 RUN_OPTIONS = ("policy", "worker", "workers", "pool", "device", "report", "trace", "verify", "timeout", "ready-timeout", "min-flops",
                "server-key", "client-keys", "stage")
-RUN_FLAGS = ("quiet", "strict")
+RUN_FLAGS = ("quiet", "strict", "insecure")
 
 
 class UsageError(Exception):

@@ -197,6 +197,7 @@ DEFAULTS: dict[str, Any] = {
     "server_key": None,       # path: the worker's CURVE public key (a worker run with --keys)
     "client_keys": None,      # path: this client's CURVE key pair; both or neither
     "worker_uid": None,       # an ipc:// worker may also run as this uid (besides this user and root)
+    "insecure": False,        # a tcp worker without keys is spoken to in plaintext (it must run --insecure)
     "stages": (),             # MODULE:QUALNAME functions run whole on a worker (docs/stages.md)
 }
 
@@ -225,6 +226,7 @@ class Config:
     server_key: str | None
     client_keys: str | None
     worker_uid: int | None
+    insecure: bool
     stages: tuple[str, ...]
 
     def __init__(self, **values: Any):
@@ -451,5 +453,6 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "server_key": _server_key,
     "client_keys": _client_keys,
     "worker_uid": _uid,
+    "insecure": _bool,
     "stages": _stages,
 }

@@ -1,4 +1,4 @@
-"""A connection and memory soak of one worker (its limits: docs/security-worker.md): many idle
+"""A connection and memory soak of one worker (its limits: docs/security.md, "Worker limits"): many idle
 connections, one principal's requests over many connections, replies nobody reads, and frames
 started and never finished; the worker's resident memory (VmRSS) before, at each phase's end and
 after, and its peak (VmHWM). Under 3 minutes:

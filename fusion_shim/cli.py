@@ -36,7 +36,6 @@ options (each also a FUSION_SHIM_* variable and a key of pyproject.toml's [tool.
   --worker URL                 a running worker (ipc://, tcp://); default: start one in the background
   --workers URL,URL,...        several running workers; each call runs here or on one of them
   --pool ray://ADDRESS[/NAME]  the workers of a pool on a Ray cluster (fusion-shim pool up)
-  --insecure                   use a pool whose Ray cluster runs without token authentication
   --device auto|cpu|cuda:N     device of the embedded worker
   --report PATH                write the report as JSON to PATH
   --trace PATH                 write a Chrome-trace timeline (open it in https://ui.perfetto.dev)
@@ -49,6 +48,8 @@ options (each also a FUSION_SHIM_* variable and a key of pyproject.toml's [tool.
   --strict                     raise FallbackError where a call would fall back to local
   --server-key PATH            the worker's public key file (a worker serving with --keys)
   --client-keys PATH           this client's .key_secret file (its name in the worker's allow-list)
+  --insecure                   no authentication where the other end offers none: plaintext to a tcp
+                               worker run --insecure, a pool's Ray cluster without tokens (loudly)
   --stage MODULE:QUALNAME      run that function whole on the worker when it pays (repeatable; docs/stages.md)
 """
 RUN_OPTIONS = ("policy", "worker", "workers", "pool", "device", "report", "trace", "verify", "timeout", "ready-timeout", "min-flops",

@@ -180,7 +180,6 @@ DEFAULTS: dict[str, Any] = {
     "worker": None,           # URL of a running worker; None: start an embedded one over ipc://
     "workers": (),            # several running workers (FUSION_SHIM_WORKERS=url,url); replaces worker
     "pool": None,             # ray://ADDRESS[/NAME]: a pool's workers, found through Ray; replaces both
-    "insecure": False,        # use a pool's cluster that runs without token authentication (D210)
     "device": "auto",         # device of the embedded worker
     "report": None,           # path for the JSON report
     "quiet": False,           # no summary table on stderr at exit
@@ -198,6 +197,9 @@ DEFAULTS: dict[str, Any] = {
     "server_key": None,       # path: the worker's CURVE public key (a worker run with --keys)
     "client_keys": None,      # path: this client's CURVE key pair; both or neither
     "worker_uid": None,       # an ipc:// worker may also run as this uid (besides this user and root)
+    "insecure": False,        # no authentication where the other end offers none: a tcp worker run
+    #                           --insecure is spoken to in plaintext (D181), a pool's Ray cluster without
+    #                           token authentication is used (D210); both said loudly on stderr
     "stages": (),             # MODULE:QUALNAME functions run whole on a worker (docs/stages.md)
 }
 
@@ -211,7 +213,6 @@ class Config:
     worker: str | None
     workers: tuple[str, ...]
     pool: str | None
-    insecure: bool
     device: str
     report: str | None
     quiet: bool
@@ -227,6 +228,7 @@ class Config:
     server_key: str | None
     client_keys: str | None
     worker_uid: int | None
+    insecure: bool
     stages: tuple[str, ...]
 
     def __init__(self, **values: Any):
@@ -438,7 +440,6 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "worker": _worker_url,
     "workers": _worker_urls,
     "pool": _pool,
-    "insecure": _bool,
     "device": _device,
     "report": _text,
     "quiet": _bool,
@@ -454,5 +455,6 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "server_key": _server_key,
     "client_keys": _client_keys,
     "worker_uid": _uid,
+    "insecure": _bool,
     "stages": _stages,
 }

@@ -198,6 +198,7 @@ def run_condition(name: str, workloads: list[str], reps: int, log) -> dict:
         if name == "slow-client":
             prefix = ["taskset", "-c", "0"]
             env_extra = {v: "1" for v in THREAD_VARS}
+        env_extra = {**env_extra, "FUSION_SHIM_INSECURE": "1"}  # D181: linkemu's worker serves without keys
     slow_link = name == "100m-10ms"
     try:
         runs: dict = {w: {m: [] for m in ("plain", "local", "remote", "auto", "measure")} for w in workloads}

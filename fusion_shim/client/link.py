@@ -28,6 +28,7 @@ from ..ledger import Ledger
 from ..protocol import messages
 from ..transport import shm as shmlane
 from . import embedded, linkprobe, rundir
+from .linkkeys import _load_curve, _loopback_tcp, _unauthenticated
 from .residency import Mirror
 
 MAX_RESTARTS = 2  # an embedded worker that died is restarted this many times, then the run stays local
@@ -79,14 +80,16 @@ class WorkerLink:
         self._failed_probes = 0  # consecutive; sets the back-off and keeps the events short
         self.stopped = False  # after stop(): no restart, no probe (a late thread must not respawn)
         self._curve = endpoint.curve if endpoint is not None else _load_curve(config, self.url, ledger.event)
-        self._own_keys = endpoint is None and not config.server_key and _loopback_tcp(self.url)
+        self._own_keys = (endpoint is None and not config.server_key and not config.insecure
+                          and _loopback_tcp(self.url))
         if endpoint is not None:
             self.pool = {"name": endpoint.name, **endpoint.info}
         self.lane = shmlane.ClientLane(config.shm, ledger.event)  # same-host shared memory
         _links.add(self)
-        if self.curve is None and not self.embedded and not transport.is_loopback(self.url or ""):
-            ledger.event(f"connecting to {self.url} without authentication: the worker must run --insecure "
-                         "(set FUSION_SHIM_SERVER_KEY and FUSION_SHIM_CLIENT_KEYS for CURVE)")
+        if self.curve is None and self._tcp() and config.insecure:
+            ledger.event(f"connecting to {self.url} WITHOUT AUTHENTICATION (--insecure): the worker must run "
+                         "--insecure too; anyone able to listen at that address gets every input")
+            _say_insecure(self.url)
 
     @property
     def curve(self) -> tuple[bytes, bytes, bytes] | None:
@@ -96,11 +99,28 @@ class WorkerLink:
             self._curve = _load_curve(self.config, self.url, None)
         return self._curve
 
+    def _tcp(self) -> bool:
+        return (self.url or "").startswith("tcp://")
+
     def _channel(self) -> transport.Channel:
         """A new channel to this worker. D34, D35: one started elsewhere whose address refuses
-        connections is not waited for, unless it is starting (the embedded one is watched instead)."""
+        connections is not waited for, unless it is starting (the embedded one is watched instead).
+        D181: a tcp worker without keys to authenticate it gets no connection, unless --insecure."""
+        curve = self.curve
+        if curve is None and self._tcp() and not self.config.insecure:
+            raise _unauthenticated(self.config, self.url or "")
         give_up = None if self.embedded else NO_LISTENER_S
-        return transport.Channel(self.url, self.curve, self.config.worker_uid, give_up, self._worker_coming)
+        return transport.Channel(self.url, curve, self.config.worker_uid, give_up, self._worker_coming)
+
+    def _await_keys(self) -> None:
+        """D181: this user's keys for a loopback tcp worker, waited for as a channel waits for a
+        listener (D35): a worker starting at the address makes them (D68)."""
+        start = time.monotonic()
+        while self._own_keys and self.curve is None and self._probe_alive():
+            waited = time.monotonic() - start
+            if waited >= transport.COMING_MAX_S or (waited >= NO_LISTENER_S and not self._worker_coming()):
+                return
+            time.sleep(0.1)
 
     def _worker_coming(self) -> bool:
         """A parent run's embedded worker (deferred, or importing torch), or a process on this host
@@ -145,11 +165,12 @@ class WorkerLink:
         threading.Thread(target=self._handshake, args=(gen,), name="fusion-shim-handshake", daemon=True).start()
 
     def _handshake(self, gen: int) -> None:
-        ok = retry = False
+        ok = False
         chan = None
         try:
             if self._locate is not None and self.state == "down":
                 self._relocate()
+            self._await_keys()
             # its own channel, closed at the end: a probe thread must not leave a socket behind
             chan = self._channel()
             rid = next(self._ids)
@@ -193,20 +214,16 @@ class WorkerLink:
                         f"(pid {self.info.get('pid')}, round trip {rtt * 1e6:.0f} us)")
             ok = True
         except transport.TransportError as exc:
-            # D68: this user's keys appeared while a plain handshake was refused (a CURVE worker
-            # answers it with a protocol failure or by closing the connection): not a fault
-            retry = chan is not None and not chan.curve and self.curve is not None
-            if not retry:
-                self._probe_failed(exc)
+            self._probe_failed(exc)
+        except Exception as exc:  # D182: a probe thread that dies would leave the link down for the run
+            self._probe_failed(transport.TransportError(f"probe failed: {type(exc).__name__}: {exc}"))
         finally:
             if chan is not None:
                 chan.close()
             with self._lock:
                 if self._probe_gen == gen:  # a restart may have started a newer probe meanwhile
                     self._probing = False
-        if retry:
-            self._probe()
-        elif not ok:
+        if not ok:
             self._reprobe_later()
 
     def _relocate(self) -> None:
@@ -230,12 +247,15 @@ class WorkerLink:
         self.bytes_received += received
 
     def _probe_failed(self, exc: Exception) -> None:
-        if self.state != "stopped":
-            self.state = "down"
-        if not self._failed_probes:  # one event per outage, not one per retry
+        if self.stopped:  # after uninstall: nothing to say, nothing to restart
+            return
+        if not self._failed_probes:  # one event per outage, not one per retry; said before a call sees it down
             self.ledger.event(f"worker not ready: {type(exc).__name__}: {exc}")
-            if isinstance(exc, (transport.NoListener, transport.Refused)):
+            if isinstance(exc, transport.Unauthenticated):
+                _say_unauthenticated(self.url, exc)
+            elif isinstance(exc, (transport.NoListener, transport.Refused)):
                 _say_unreachable(self.url, exc)
+        self.state = "down"
         self._failed_probes += 1
         self._maybe_restart()
 
@@ -359,9 +379,10 @@ class WorkerLink:
         """A worker that is still there (external, or embedded and alive) is asked again, backing off;
         an embedded one that died is _maybe_restart's business."""
         with self._lock:
-            if self.stopped or self._probing or self.state == "ready" or os.getpid() != self.owner:
+            if self.stopped or self._probing or self.state == "ready":
                 return
-            if self.embedded and not self.alive():
+            # D182: a forked child probes a worker it did not start; one it did is its parent's business
+            if self.embedded and (os.getpid() != self.owner or not self.alive()):
                 return
         delay = min(0.1 * 2 ** min(self._failed_probes - 1, 8), REPROBE_MAX_S)
         timer = threading.Timer(delay, self._probe)
@@ -521,7 +542,7 @@ def _fatal_fix(why: str | None, code: int | None, was_ready: bool) -> str | None
     return "check --device (FUSION_SHIM_DEVICE) and the worker's install, or give --worker URL"
 
 
-_said: set[str] = set()  # the addresses said unreachable on stderr: once each per process
+_said: set = set()  # what was said on stderr, once each per process (an address, or a kind and address)
 
 
 def _say_unreachable(url: str | None, exc: Exception) -> None:
@@ -533,31 +554,20 @@ def _say_unreachable(url: str | None, exc: Exception) -> None:
     sys.stderr.write(f"fusion_shim: no worker at {url} ({why}); computing here\n")
 
 
-def _loopback_tcp(url: str | None) -> bool:
-    return bool(url) and url.startswith("tcp://") and transport.is_loopback(url)
+def _say_unauthenticated(url: str | None, exc: "transport.Unauthenticated") -> None:
+    """D181: why nothing goes to a tcp worker, and the fix, in one line on stderr."""
+    if ("auth", url) in _said:
+        return
+    _said.add(("auth", url))
+    sys.stderr.write(f"fusion_shim: nothing sent to {url} ({exc.why}); computing here: {exc.fix}\n")
 
 
-def _load_curve(config: Config, url: str | None, event: Any) -> tuple[bytes, bytes, bytes] | None:
-    """(server public, client public, client secret) from the Config's key files, else, for a
-    loopback tcp worker, from this user's own keys (D68); None: no CURVE. ``event``: where to say
-    why none were found (None: quietly)."""
-    from ..auth import KeyFileError, load_pair, load_public, user_curve, user_keys_dir
-
-    if config.server_key:
-        public, secret = load_pair(config.client_keys)
-        return load_public(config.server_key), public, secret
-    if not _loopback_tcp(url):
-        return None
-    try:
-        curve = user_curve()
-    except KeyFileError as exc:
-        if event is not None:
-            event(f"not using this user's keys for {url}: {exc}")
-        return None
-    if curve is None and event is not None:
-        event(f"no keys in {user_keys_dir()} for {url} yet: connecting without CURVE until they appear (a worker "
-              "started on this host without --keys makes them there; one run --insecure takes clients without them)")
-    return curve
+def _say_insecure(url: str | None) -> None:
+    if ("insecure", url) in _said:
+        return
+    _said.add(("insecure", url))
+    sys.stderr.write(f"fusion_shim: WARNING: sending to {url} WITHOUT AUTHENTICATION (--insecure): anyone "
+                     "listening at that address gets every input and chooses every answer\n")
 
 
 _links: "weakref.WeakSet[WorkerLink]" = weakref.WeakSet()

@@ -20,7 +20,8 @@ than the time-out to transfer: libzmq queues the worker's PONG behind the messag
 socket monitor turns a dropped connection into :class:`WorkerLost` while a request waits: a reply
 can never arrive over a connection that is gone, since the worker's ROUTER addresses replies to the
 connection the request came on. A worker that refuses the client's CURVE key, or a handshake that
-fails, is :class:`Refused`.
+fails, is :class:`Refused`. A client that holds no keys a tcp worker would accept opens no
+connection at all (:class:`Unauthenticated`): plaintext only where both ends ask for it.
 """
 from __future__ import annotations
 
@@ -91,6 +92,15 @@ class Refused(TransportError):
     @property
     def why(self) -> str:
         return "wrong key: " + str(self)
+
+
+class Unauthenticated(TransportError):
+    """No keys to authenticate this tcp worker with, and plaintext not asked for: nothing is sent.
+    ``why``: in a few words; ``fix``: the command or setting that cures it."""
+
+    def __init__(self, text: str, why: str, fix: str):
+        super().__init__(f"{text}: {fix}")
+        self.why, self.fix = why, fix
 
 
 def check_url(url: str) -> str:

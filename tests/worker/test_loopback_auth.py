@@ -145,5 +145,5 @@ def test_insecure_loopback_warns_and_serving_without_keys_is_refused(own_config)
     rt = fusion_shim.install(policy="auto", worker=url, quiet=True, ready_timeout=0.2)
     np.matmul(np.ones((2, 2)), np.ones((2, 2)))
     text = "\n".join(e for _, e in rt.ledger.events)
-    assert "no keys in" in text and "connecting without CURVE" in text, text
+    assert "no keys in" in text and "nothing is sent there" in text, text  # D181: never plaintext by fallback
     assert not own_config.exists()  # a client never makes keys

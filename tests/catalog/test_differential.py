@@ -30,8 +30,7 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-import fusion_shim
-from tests.helpers.shims import READY_S, last_record, shim_fixture
+from tests.helpers.shims import last_record, shim_fixture, start_fresh
 from tests.helpers.workers import thread_worker
 from tests.helpers.diffutil import assert_close, assert_meta, check_result, lay_out, op, original, values
 from fusion_shim.catalog import CATALOG
@@ -68,9 +67,7 @@ shim = shim_fixture("worker_url", scope="module")
 @pytest.fixture(autouse=True)
 def _fresh(shim):
     """Each test starts with an empty ledger and a ready worker, as with a fresh install."""
-    assert fusion_shim.active() is shim, "another install replaced this module's shim"
-    assert shim.link.wait_ready(READY_S), f"worker not ready: {shim.ledger.events[-3:]}"
-    shim.ledger.clear()
+    start_fresh(shim)
     yield
 
 

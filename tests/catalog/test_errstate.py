@@ -12,10 +12,9 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-import fusion_shim
 from fusion_shim.intercept import bypassed
 from tests.helpers.diffutil import op, original
-from tests.helpers.shims import READY_S, last_record, shim_fixture
+from tests.helpers.shims import last_record, shim_fixture, start_fresh
 
 shim = shim_fixture(scope="module")
 
@@ -25,9 +24,7 @@ INF, BIG = np.inf, 1e300
 
 @pytest.fixture(autouse=True)
 def _fresh(shim):
-    assert fusion_shim.active() is shim, "another install replaced this module's shim"
-    assert shim.link.wait_ready(READY_S), f"worker not ready: {shim.ledger.events[-3:]}"
-    shim.ledger.clear()
+    start_fresh(shim)
     yield
 
 

@@ -9,11 +9,10 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-import fusion_shim
 from fusion_shim.catalog.base import PRODUCT_DTYPES
 from fusion_shim.intercept import bypassed
 from tests.helpers.diffutil import op, original
-from tests.helpers.shims import READY_S, last_record, shim_fixture
+from tests.helpers.shims import last_record, shim_fixture, start_fresh
 
 shim = shim_fixture(scope="module")
 
@@ -24,9 +23,7 @@ SPELLINGS = CHARS + [">" + c for c in CHARS if np.dtype(c).itemsize > 1 and np.d
 
 @pytest.fixture(autouse=True)
 def _fresh(shim):
-    assert fusion_shim.active() is shim, "another install replaced this module's shim"
-    assert shim.link.wait_ready(READY_S), f"worker not ready: {shim.ledger.events[-3:]}"
-    shim.ledger.clear()
+    start_fresh(shim)
     yield
 
 

@@ -55,3 +55,10 @@ def shim_fixture(worker: str = "inproc_worker", scope: str = "function", **optio
 def last_record(rt):
     assert rt.ledger.records, "no call was recorded"
     return rt.ledger.records[-1]
+
+
+def start_fresh(shim) -> None:
+    """A test starts with this module's shim still installed, its worker ready and an empty ledger."""
+    assert fusion_shim.active() is shim, "another install replaced this module's shim"
+    assert shim.link.wait_ready(READY_S), f"worker not ready: {shim.ledger.events[-3:]}"
+    shim.ledger.clear()

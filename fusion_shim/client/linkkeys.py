@@ -16,7 +16,8 @@ def _unauthenticated(config: Config, url: str) -> "transport.Unauthenticated":
         return transport.Unauthenticated(
             f"no keys to authenticate {url}", "no keys given",
             "`fusion-shim keys DIR --client NAME` where the worker runs, serve it with --keys DIR, run this with "
-            f"--server-key DIR/server.key --client-keys DIR/NAME.key_secret ({plain})")
+            "--server-key DIR/server.key --client-keys DIR/NAME.key_secret (or FUSION_SHIM_SERVER_KEY and "
+            f"FUSION_SHIM_CLIENT_KEYS) ({plain})")
     try:
         found = user_curve()
     except KeyFileError as exc:  # its message names the path and, where one does, the chmod that cures it

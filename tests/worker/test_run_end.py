@@ -46,7 +46,8 @@ def test_a_principals_entries_are_freed_once_its_last_connection_closed_for_the_
         _keep(url, np.random.default_rng(1).standard_normal((N, N)))
         store = thread.worker.store
         deadline = time.monotonic() + 60
-        while len(store) and time.monotonic() < deadline:
+        # the worker's thread frees entries and their bytes one after the other: wait for both
+        while (len(store) or store.nbytes) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert len(store) == 0 and store.nbytes == 0
     finally:

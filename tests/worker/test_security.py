@@ -313,7 +313,9 @@ def test_a_network_worker_without_keys_is_reported(tmp_path):
     rt = fusion_shim.install(policy="auto", worker="tcp://192.0.2.1:5555", quiet=True, ready_timeout=0.2)
     np.matmul(np.ones((2, 2)), np.ones((2, 2)))  # numpy is imported: the link exists
     text = "\n".join(e for _, e in rt.ledger.events)
-    assert "without authentication" in text and "FUSION_SHIM_SERVER_KEY" in text, text
+    # nothing was sent in plaintext, and the line says how to give keys, by flag or by environment
+    assert "no keys to authenticate tcp://192.0.2.1:5555" in text, text
+    assert "--server-key" in text and "FUSION_SHIM_SERVER_KEY" in text and "--insecure" in text, text
 
 
 # -- where a worker may bind ------------------------------------------------------------------------------

@@ -131,14 +131,28 @@ def _stages(name: str, raw: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(specs))
 
 
+POOL_SCHEME = "ray://"
+POOL_DEFAULT_NAME = "default"
+
+
+def parse_pool(url: str) -> tuple[str, str]:
+    """``ray://ADDRESS[/NAME]`` -> (Ray address, pool name); ``auto`` is the cluster this host is in."""
+    if not url.startswith(POOL_SCHEME):
+        raise ValueError(f"{url!r} is not a pool address; valid: ray://ADDRESS[/NAME], ray://auto")
+    address, _, name = url[len(POOL_SCHEME):].partition("/")
+    if not address:
+        raise ValueError(f"{url!r} names no Ray address; valid: ray://HOST:PORT[/NAME], ray://auto")
+    if name and not name.replace("-", "").replace("_", "").isalnum():
+        raise ValueError(f"{url!r}: pool name {name!r} is invalid; valid: letters, digits, - and _")
+    return address, name or POOL_DEFAULT_NAME
+
+
 def _pool(name: str, raw: str) -> str | None:
     """``ray://ADDRESS[/NAME]``: a pool of workers on a Ray cluster (fusion_shim.pool)."""
     if not raw.strip():
         return None
-    from .pool import parse  # no ray: the address is only read
-
     try:
-        parse(raw.strip())
+        parse_pool(raw.strip())
     except ValueError as exc:
         raise ConfigError(f"{name}: {exc}") from None
     return raw.strip()

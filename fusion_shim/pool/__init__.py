@@ -11,21 +11,12 @@ pool is configured.
 """
 from __future__ import annotations
 
+# the address is read where settings are checked, below this package: no ray to parse it
+from ..config import POOL_DEFAULT_NAME as DEFAULT_NAME  # noqa: F401
+from ..config import POOL_SCHEME as SCHEME  # noqa: F401
+from ..config import parse_pool as parse  # noqa: F401
+
 NAMESPACE = "fusion_shim"
-DEFAULT_NAME = "default"
-SCHEME = "ray://"
-
-
-def parse(url: str) -> tuple[str, str]:
-    """``ray://ADDRESS[/NAME]`` -> (Ray address, pool name); ``auto`` is the cluster this host is in."""
-    if not url.startswith(SCHEME):
-        raise ValueError(f"{url!r} is not a pool address; valid: ray://ADDRESS[/NAME], ray://auto")
-    address, _, name = url[len(SCHEME):].partition("/")
-    if not address:
-        raise ValueError(f"{url!r} names no Ray address; valid: ray://HOST:PORT[/NAME], ray://auto")
-    if name and not name.replace("-", "").replace("_", "").isalnum():
-        raise ValueError(f"{url!r}: pool name {name!r} is invalid; valid: letters, digits, - and _")
-    return address, name or DEFAULT_NAME
 
 
 def actor_name(pool: str, index: int) -> str:

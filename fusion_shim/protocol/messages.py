@@ -185,3 +185,50 @@ def read_stage(reply: dict, arrays: list) -> StageAnswer:
     return StageAnswer(arrays[0], list(arrays[1:1 + nres]), list(zip(changed, arrays[1 + nres:])),
                        reply.get("raised") is True, max(worker_s, 0.0),
                        str(reply["note"])[:300] if isinstance(reply.get("note"), str) else "")
+
+
+# --- the stage pipe: a worker and its stage process (:mod:`.wire`, "The stage pipe") -----------------
+
+class PipeAnswer(NamedTuple):
+    """What a stage process answered: its header, the pickled value, and its arrays."""
+    header: dict
+    value: bytes = b""
+    arrays: Sequence[np.ndarray] = ()
+
+
+def send_stage_job(conn: Any, fn: Any, metas: list, payload: Any, arrays: Sequence[Any]) -> None:
+    """A job for the stage process: ``arrays`` one per meta, references (no buffer) skipped."""
+    conn.send_bytes(wire.pack_map({"fn": fn, "metas": metas}))
+    conn.send_bytes(payload)
+    for a in arrays:
+        if not isinstance(a, wire.Ref):
+            conn.send_bytes(a.reshape(-1, order="A").view(np.uint8) if a.size else b"")
+
+
+def recv_stage_job(conn: Any) -> tuple[dict, bytes]:
+    """A job's header and payload, in the stage process; its buffers follow, one per plain meta."""
+    return wire.unpack_map(conn.recv_bytes()), conn.recv_bytes()
+
+
+def send_stage_answer(conn: Any, header: dict, buffers: Sequence[Any] = ()) -> None:
+    conn.send_bytes(wire.pack_map(header))
+    for buf in buffers:
+        conn.send_bytes(buf)
+
+
+def recv_stage_answer(conn: Any, max_bytes: int) -> PipeAnswer:
+    """A stage process's answer, read as a client's message is: the header bounded, the metas checked
+    and their total within ``max_bytes`` before a buffer is read, each buffer exactly its size (a
+    longer one is an ``OSError`` from the pipe, a shorter one a :class:`wire.WireError`)."""
+    header = wire.unpack_map(conn.recv_bytes(wire.MAX_HEADER))
+    if not header.get("ok"):
+        return PipeAnswer(header)
+    checked = wire.checked_metas(header.get("metas"), max_bytes)
+    value = conn.recv_bytes(max_bytes)
+    arrays = []
+    for dt, shape, order, nbytes in checked:
+        buf = conn.recv_bytes(max(nbytes, 1))
+        if len(buf) != nbytes:
+            raise wire.WireError(f"a buffer of {len(buf)} bytes where its meta needs {nbytes}")
+        arrays.append(np.frombuffer(buf, dtype=dt).reshape(shape, order=order))
+    return PipeAnswer(header, value, arrays)

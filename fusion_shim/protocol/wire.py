@@ -78,6 +78,17 @@ Shared memory (:mod:`fusion_shim.transport.shm`), on a same-host link that negot
 - any reply may carry ``shm_mapped``: the segment names the worker mapped while handling it; the
   client then unlinks those names.
 
+The stage pipe (:mod:`fusion_shim.worker.stages` to its stage process, one socket pair, each message
+one ``send_bytes``; built and read by :func:`fusion_shim.protocol.messages.send_stage_job` and its
+neighbours). A *job*: a msgpack map ``{"fn": <a stage's fn, as above>, "metas": [array meta, ...]}``,
+then the payload, then one buffer per meta that is not a reference (``ref: true``: the process holds
+it under ``fp`` from an earlier job). An *answer*: a msgpack map, one of ``{"missing": [fp, ...]}``,
+``{"code_missing": str}``, or ``{"ok": true, "raised": bool, "nres": int, "changed": [int, ...],
+"stage_s": float, "note": str, "metas": [array meta, ...]}`` followed by the pickled value and one
+buffer per meta (the ``nres`` results, then the changed arguments). The worker reads an answer as
+it reads a message from a client: the header at most ``MAX_HEADER`` bytes, each meta checked and
+the total against its budget before a buffer is read, each buffer exactly its meta's size.
+
 Segment names are validated (``transport.shm.NAME_RE``) and bounds-checked by the side that maps
 them; a message with ``shm`` metas where nothing was negotiated is a :class:`WireError`. Residency
 and shared memory compose: a reference stays a reference; only bytes that travel go by segment.
@@ -221,6 +232,40 @@ def decode_header(frame: Any) -> dict:
 
 
 _STAGE_TYPE = msgpack.packb("t") + msgpack.packb("stage")
+
+
+def pack_map(header: dict) -> bytes:
+    """A stage pipe's header (no version: both ends are one package, started together)."""
+    return msgpack.packb(header, use_bin_type=True)
+
+
+def unpack_map(raw: Any) -> dict:
+    """A stage pipe's header, checked as a message header is: a map within ``MAX_HEADER`` bytes."""
+    view = frame_view(raw)
+    if view.nbytes > MAX_HEADER:
+        raise WireError(f"header of {view.nbytes} bytes exceeds {MAX_HEADER}")
+    try:
+        header = msgpack.unpackb(view, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
+    except Exception as exc:  # msgpack raises several unrelated types on malformed input
+        raise WireError(f"header is not valid msgpack: {exc}") from None
+    if not isinstance(header, dict):
+        raise WireError("header is not a map")
+    return header
+
+
+def checked_metas(metas: Any, max_bytes: int) -> list[tuple[np.dtype, tuple[int, ...], str, int]]:
+    """Array metas another process sent, each checked and their total against ``max_bytes``, before
+    any buffer is read: (dtype, shape, order, bytes) per meta."""
+    if not isinstance(metas, list) or len(metas) > MAX_FRAMES - 1:
+        raise WireError(f"'metas' must be a list of at most {MAX_FRAMES - 1} metas")
+    out = []
+    for meta in metas:
+        dt, shape, order = _check_meta(meta, None)
+        out.append((dt, shape, order, math.prod(shape) * dt.itemsize))
+    total = sum(n for *_, n in out)
+    if total > max_bytes:
+        raise WireError(f"arrays of {total} bytes, over the limit of {max_bytes}")
+    return out
 
 
 def may_be_stage(frame: Any) -> bool:

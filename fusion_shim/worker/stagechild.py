@@ -1,8 +1,9 @@
 """The process a worker runs one principal's stages in (docs/stages.md): ``python -m
 fusion_shim.worker.stagechild FD``, FD a socket to the worker (:mod:`.stages`).
 
-A job is a msgpack header (the function's reference, the array metas), the payload, then one buffer
-per array that is not a reference; the answer is a msgpack header and its buffers. The arrays a job
+A job is a header (the function's reference, the array metas), the payload, then one buffer per array
+that is not a reference; the answer is a header and its buffers (:mod:`fusion_shim.protocol.wire`,
+"The stage pipe"). The arrays a job
 tagged with a fingerprint stay here (``KEEP_BYTES``, least recently used first), so a matrix that
 many stage calls use crosses once. A stage that crashes this process or never returns costs the
 worker only this process: it kills it and starts another for the next job.
@@ -16,10 +17,9 @@ import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-import msgpack
 import numpy as np
 
-from ..protocol import code
+from ..protocol import code, messages
 from ..protocol.fingerprint import fingerprint
 from ..protocol.wire import to_wire
 
@@ -72,8 +72,7 @@ def receive(conn: Connection, meta: dict) -> np.ndarray:
 
 
 def run_job(conn: Connection, held: Held) -> None:
-    job = msgpack.unpackb(conn.recv_bytes(), raw=False)
-    payload = conn.recv_bytes()
+    job, payload = messages.recv_stage_job(conn)
     metas = job["metas"]
     arrays: list[Any] = [None if m.get("ref") else receive(conn, m) for m in metas]
     missing = []
@@ -131,9 +130,7 @@ def _with_frames(exc: BaseException) -> BaseException:
 
 
 def _answer(conn: Connection, header: dict, buffers: list) -> None:
-    conn.send_bytes(msgpack.packb(header, use_bin_type=True))
-    for buf in buffers:
-        conn.send_bytes(buf)
+    messages.send_stage_answer(conn, header, buffers)
 
 
 DEVICE_URL = "inproc://fusion-shim-stage-device"

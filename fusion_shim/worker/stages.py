@@ -25,7 +25,6 @@ from importlib import metadata
 from multiprocessing.connection import Connection
 from typing import Any
 
-import msgpack
 import numpy as np
 
 from ..protocol import messages, wire
@@ -214,17 +213,12 @@ class _Child:
         conn = self.conn
         t = time.perf_counter()
         try:
-            conn.send_bytes(msgpack.packb({"fn": header.get("fn"), "metas": header["arrays"][1:]}, use_bin_type=True))
-            conn.send_bytes(arrays[0])
-            for a in arrays[1:]:
-                if not isinstance(a, wire.Ref):
-                    conn.send_bytes(a.reshape(-1, order="A").view(np.uint8) if a.size else b"")
+            messages.send_stage_job(conn, header.get("fn"), header["arrays"][1:], arrays[0], arrays[1:])
             if not conn.poll(max(deadline_s - (time.perf_counter() - t), 0.0)):
                 self.kill()
                 return messages.error(rid, "kernel_error", "StageTimeout", f"the stage ran past its {deadline_s:g} s")
-            answer = msgpack.unpackb(conn.recv_bytes(), raw=False)
-            bufs = [conn.recv_bytes() for _ in range(1 + len(answer.get("metas", ())) if answer.get("ok") else 0)]
-        except (EOFError, OSError) as exc:
+            answer, value, out = messages.recv_stage_answer(conn, self.host.max_bytes)
+        except (EOFError, OSError, wire.WireError) as exc:  # an answer over its bounds is a crash too
             code = self.proc.poll() if self.proc is not None else None
             self.kill()
             return messages.error(rid, "kernel_error", "StageCrashed",
@@ -233,9 +227,7 @@ class _Child:
             return messages.error(rid, "missing", "KeyError", "stage inputs not held here", missing=answer["missing"])
         if "code_missing" in answer:
             return messages.error(rid, "code_missing", "ImportError", answer["code_missing"])
-        out = [np.frombuffer(b, dtype=np.dtype(m["dtype"])).reshape(m["shape"], order=m["order"])
-               for b, m in zip(bufs[1:], answer["metas"])]
         nres = answer["nres"]
-        return messages.stage_result(rid, np.frombuffer(bufs[0], np.uint8), out[:nres], answer["changed"],
+        return messages.stage_result(rid, np.frombuffer(value, np.uint8), out[:nres], answer["changed"],
                                      out[nres:], answer["raised"], {"stage": answer["stage_s"]},
                                      "; ".join(n for n in (str(answer.get("note") or ""), self.host.note) if n))

@@ -78,7 +78,12 @@ def start(p: argparse.ArgumentParser, opts: argparse.Namespace, make: Callable[.
         extra = {"allow_code": allow_code} if allow_code else {}  # a make() of tests takes none
         worker = (make or Worker)(device, opts.memory_budget, max_bytes=max_bytes, bench_cache=not opts.fresh_bench,
                                   **extra)
-        on_bound = unlink_on_sigterm if opts.parent_pid is None else None  # D187: the client removes its own
+        def on_bound(endpoint: str) -> None:
+            if opts.parent_pid is None:
+                clean_on_sigterm(endpoint, True, worker.abandon_stages)
+            else:  # D187: its client removes the socket; a handler only once stage processes exist
+                worker.at_first_stage(lambda: clean_on_sigterm(endpoint, False, worker.abandon_stages))
+
         serve(opts.bind, worker, parent_pid=opts.parent_pid, keys=keys, insecure=opts.insecure, on_bound=on_bound)
         if opts.parent_pid is not None:
             remove_run_dir(opts.bind, opts.parent_pid)
@@ -99,25 +104,32 @@ def default_keys(url: str) -> str | None:
     return ensure_user_keys()
 
 
-def unlink_on_sigterm(endpoint: str) -> None:
-    """D187: the ``ipc://`` socket file just bound goes when SIGTERM ends this process, which then
-    dies by that signal as before; only the file bound here (same inode), never one bound since."""
+def clean_on_sigterm(endpoint: str, unlink: bool, cleanup: Callable[[], None]) -> None:
+    """D187: what this process made goes when SIGTERM ends it, which then dies by that signal as
+    before: ``cleanup`` (its stage processes and their directories), and where ``unlink``, the
+    ``ipc://`` socket file just bound (same inode), never one bound since."""
     import signal
     import threading
 
-    path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else ""
-    if not path or path.startswith("@") or threading.current_thread() is not threading.main_thread():
-        return  # not a file (abstract names, tcp), or a worker served in a thread (tests)
-    try:
-        st = os.stat(path)
-    except OSError:
-        return
-    bound = (st.st_dev, st.st_ino)
+    if threading.current_thread() is not threading.main_thread():
+        return  # a worker served in a thread (tests): its thread's owner cleans
+    path = endpoint[len("ipc://"):] if unlink and endpoint.startswith("ipc://") else ""
+    bound = None
+    if path and not path.startswith("@"):  # abstract names and tcp leave no file
+        try:
+            st = os.stat(path)
+            bound = (st.st_dev, st.st_ino)
+        except OSError:
+            pass
 
     def on_sigterm(signum: int, _frame: Any) -> None:
         try:
+            cleanup()
+        except Exception:  # dying anyway: what could not be cleaned stays
+            pass
+        try:
             st = os.lstat(path)
-            if (st.st_dev, st.st_ino) == bound:
+            if bound is not None and (st.st_dev, st.st_ino) == bound:
                 os.unlink(path)
         except OSError:
             pass

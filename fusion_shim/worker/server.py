@@ -50,7 +50,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import zmq
@@ -110,6 +110,7 @@ class Worker:
         self.principal = ANON  # whose request is being handled
         self.allow_code = allow_code  # code from clients (docs/stages.md)
         self.stages = None  # its host, made at the first stage request (D177)
+        self._first_stage: Callable[[], None] | None = None
         self.plans = Plans()  # D75: admitted plain calls, by their header but for its id
 
     def stage_host(self, frames: list) -> Any:
@@ -121,7 +122,18 @@ class Worker:
 
             device_type = getattr(getattr(self.backend, "device", None), "type", "cpu")
             self.stages = StageHost(self.allow_code, self.max_bytes, device_type)
+            if self._first_stage is not None:
+                self._first_stage()
         return self.stages
+
+    def at_first_stage(self, fn: Callable[[], None]) -> None:
+        """``fn`` runs, in the serving thread, when the first stage request makes the stage host."""
+        self._first_stage = fn
+
+    def abandon_stages(self) -> None:
+        """As this process dies by a signal: its stage processes and their directories go (D187)."""
+        if self.stages is not None:
+            self.stages.abandon()
 
     def enable_shm(self, url: str) -> None:
         """Offer the shared-memory lane to clients of ``url``: same-host schemes only, never tcp."""

@@ -136,6 +136,16 @@ class StageHost:
             child.jobs.put(None)
             child.kill()
 
+    def abandon(self) -> None:
+        """From a signal handler, as this process dies: each stage process killed and its directory
+        removed, taking no lock (the interrupted thread may hold one)."""
+        for child in list(self.children.values()):
+            proc, tmp = child.proc, child.tmp
+            if proc is not None:
+                proc.kill()
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+
 
 def _peer_pid(frame: Any) -> int | None:
     try:

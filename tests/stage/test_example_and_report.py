@@ -48,3 +48,17 @@ def test_the_example_run_as_a_module_with_stage_prints_what_plain_python_prints(
     assert shim.stdout == plain.stdout
     row = json.loads(report.read_text())["stages"]["__main__:chain"]
     assert row["calls"] == row["worker"] == 3
+
+
+def test_a_run_with_stages_leaves_no_stage_directory_behind(tmp_path):
+    """The embedded worker is stopped by SIGTERM at the program's exit; its stage processes'
+    directories go with it (D187)."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
+    shim = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", "remote", "--quiet", "--stage",
+                           "__main__:chain", "--report", str(tmp_path / "run.json"), str(EXAMPLE), "128"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env={**env, "TMPDIR": str(tmp)})
+    assert shim.returncode == 0, shim.stderr
+    assert json.loads((tmp_path / "run.json").read_text())["stages"]["__main__:chain"]["worker"] == 3
+    assert [p.name for p in tmp.iterdir() if p.name.startswith("fusion-shim-stage-")] == []

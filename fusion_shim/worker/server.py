@@ -43,7 +43,6 @@ torch's where they can run; ``ready`` lists the kernels this worker has.
 """
 from __future__ import annotations
 
-import gc
 import inspect
 import math
 import os
@@ -64,11 +63,11 @@ from ..transport.principal import ANON, Principal
 from . import planned
 from .inbox import DRAIN_MIN, Inbox, trim_heap
 from .listen import INSECURE_WARNING, QUEUED_PER_CONNECTION, Listener  # noqa: F401  (names tests import)
+from .memory import MAX_MESSAGE_BYTES, default_max_bytes, free_memory, is_oom  # noqa: F401  (tests import)
 from .plans import Plans
 from .shapes import over_declared
 from .store import ResidentStore, default_budget
 
-MAX_MESSAGE_BYTES = 1 << 36  # the most ``max_bytes`` defaults to (D65: also half the host's, the GPU's memory)
 TRIM_AFTER = 64 << 20  # D197: received since the last trim, an idle loop trims the heap
 ALIGN = 16  # bytes: inputs a CPU kernel reads in place start at a multiple of this
 # FFT sizes name an output length: each must fit the declared results (rfft gives n // 2 + 1)
@@ -187,7 +186,7 @@ class Worker:
         self.traffic.pop(name, None)
         self.fingerprint_mismatches.pop(name, None)
         if freed:
-            _free_memory(self.backend)
+            free_memory(self.backend)
             trim_heap()
         return freed
 
@@ -316,7 +315,7 @@ class Worker:
                     arrays = [_aligned(a) for a in arrays]
                 results, timing = self._run(kernel, arrays, params, layouts)
         except Exception as exc:
-            kind = "out_of_memory" if _is_oom(exc) else "kernel_error"
+            kind = "out_of_memory" if is_oom(exc) else "kernel_error"
             return messages.error(rid, kind, type(exc).__name__, str(exc)[:2000])
         got = [(r.dtype, r.shape) for r in results]
         if got != declared:
@@ -372,10 +371,10 @@ class Worker:
         try:
             results = self.backend.compute(kernel, tensors, params, layouts)
         except Exception as exc:
-            if not _is_oom(exc):
+            if not is_oom(exc):
                 raise
             evicted += self.store.evict_all(self.principal.name, except_=held)
-            _free_memory(self.backend)
+            free_memory(self.backend)
             results = self.backend.compute(kernel, tensors, params, layouts)
             timing["oom_retry"] = 1.0
         self.backend.sync()
@@ -408,26 +407,12 @@ class Worker:
         try:
             return self.backend.run(kernel, arrays, params, layouts)
         except Exception as exc:
-            if not _is_oom(exc):
+            if not is_oom(exc):
                 raise
-        _free_memory(self.backend)
+        free_memory(self.backend)
         results, timing = self.backend.run(kernel, arrays, params, layouts)
         timing["oom_retry"] = 1.0
         return results, timing
-
-
-def default_max_bytes(device: Any) -> int:
-    """D65: one message may take half of the host's memory, and half of a GPU's, at most 64 GiB."""
-    limits = [MAX_MESSAGE_BYTES]
-    try:
-        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2)
-    except (ValueError, OSError):
-        pass
-    if getattr(device, "type", None) == "cuda":
-        import torch
-
-        limits.append(torch.cuda.get_device_properties(device).total_memory // 2)
-    return min(limits)
 
 
 def _received_fingerprint(meta: dict, a: np.ndarray) -> str:
@@ -449,27 +434,6 @@ def _aligned(a: np.ndarray) -> np.ndarray:
     out = np.empty_like(a)
     np.copyto(out, a)
     return out
-
-
-def _is_oom(exc: BaseException) -> bool:
-    text = str(exc).lower()
-    return (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
-            or "out of memory" in text or "can't allocate memory" in text)
-
-
-def _free_memory(backend: Any) -> None:
-    free = getattr(backend, "free_memory", None)
-    if free is not None:
-        free()
-        return
-    gc.collect()
-    try:
-        import torch
-    except ImportError:
-        return
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
 
 
 def _size_params_over(op: str, params: dict, declared: list) -> str | None:

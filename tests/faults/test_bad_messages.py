@@ -519,7 +519,7 @@ def test_out_of_memory_is_retried_once_then_runs_locally():
 def test_out_of_memory_detection():
     import torch
 
-    from fusion_shim.worker.server import _is_oom
+    from fusion_shim.worker.memory import is_oom as _is_oom
 
     assert _is_oom(torch.cuda.OutOfMemoryError("CUDA out of memory"))
     assert _is_oom(MemoryError())

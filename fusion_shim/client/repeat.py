@@ -19,12 +19,12 @@ from __future__ import annotations
 import math
 from typing import Any, NamedTuple
 
-import msgpack
 import numpy as np
 
 from .. import plan
 from ..catalog import OpSpec, Prepared
 from ..protocol import messages, wire
+from ..protocol.forms import RequestForm
 from ..protocol.skeleton import Skeleton
 
 # D45: the rules' module whose rules read only dtypes, shapes, strides and plain arguments (a test
@@ -35,7 +35,6 @@ TEMPLATES_MAX = 64   # layouts remembered, the first ones kept
 NEVER = "never"      # what make returns for a layout no call of which can be sent from a template
 _SCALARS = (int, bool, str, type(None))
 _ndarray = np.ndarray
-_ID_ZERO = msgpack.packb("id") + msgpack.packb(0)  # a header's last key and value, the id's a fixint of one byte
 
 
 def repeatable(spec: OpSpec) -> bool:
@@ -84,11 +83,10 @@ class Template:
         "c_order",
         "call",
         "dtypes",
-        "header",
+        "form",
         "largest",
         "op_key",
         "planned",
-        "prefix",
         "prep",
         "reply",
         "shapes",
@@ -96,15 +94,14 @@ class Template:
         "where",
     )
 
-    def __init__(self, prep: Prepared, where: list, call: plan.Call, shapes: list, dtypes: list, header: dict,
-                 prefix: bytes):
+    def __init__(self, prep: Prepared, where: list, call: plan.Call, shapes: list, dtypes: list,
+                 form: RequestForm):
         self.prep = Prepared(prep.spec, [], prep.params, prep.results, prep.layouts, prep.flops, None, prep.scalar_0d,
                              prep.scalar_out, prep.returns, None)  # not the first call's arrays: kept alive else
         self.where = where        # per input: its index among the positional arguments, or its keyword
         self.call = call
         self.shapes, self.dtypes = shapes, dtypes
-        self.header = header      # the header, its id last
-        self.prefix = prefix      # its bytes up to the id's value, which ends them
+        self.form = form          # the header, its id last, and its bytes up to the id's value
         self.largest = max([a.nbytes for a in prep.arrays] + [math.prod(s) * d.itemsize for d, s in prep.results])
         self.op_key = (prep.spec.kernel_id, tuple(dtypes))  # what a crash pins (Checks.pinned_reason)
         self.planned: Any = None  # call.Planned, under policy remote: reused for REPRICE_EVERY calls
@@ -125,9 +122,9 @@ class Template:
         bufs = prep.arrays if self.c_order else [a if a.flags.c_contiguous else wire.to_wire(a)[1]
                                                   for a in prep.arrays]
         if drops:
-            header = msgpack.packb({**self.header, "shm_drop": drops, "id": rid}, use_bin_type=True)
+            header = self.form.encode_with(rid, shm_drop=drops)
         else:
-            header = self.prefix + msgpack.packb(rid)
+            header = self.form.encode(rid)
         return Encoded(rid, [header, *bufs])
 
 
@@ -150,7 +147,5 @@ def make(prep: Prepared, args: tuple, kwargs: dict, call: plan.Call, shapes: lis
               "layouts": prep.layouts,
               "results": messages.call_header(0, "", {}, prep.layouts, prep.results)["results"],
               "arrays": [wire.to_wire(a)[0] for a in prep.arrays], "id": 0}
-    packed = msgpack.packb(header, use_bin_type=True)
-    if not packed.endswith(_ID_ZERO):
-        return NEVER
-    return Template(prep, where, call, shapes, dtypes, header, packed[:-1])
+    form = RequestForm.of(header)
+    return NEVER if form is None else Template(prep, where, call, shapes, dtypes, form)

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-import msgpack
 import numpy as np
 import zmq
 
 from ..protocol import wire
+from ..protocol.forms import find_id, id_at, is_the_id
 
 PLANS_MAX = 256      # plans kept, the oldest dropped first
 HEADER_MAX = 4096    # bytes: a larger header is decoded every time (a plan keeps its bytes)
@@ -35,8 +35,6 @@ PLAIN_KEYS = frozenset(("v", "t", "id", "op", "params", "layouts", "results", "a
 PLAIN_KEYS_SHM = PLAIN_KEYS | {"out_shm"}  # D79: with result slots offered, none taken (all None)
 PLAIN_META = wire.PLAIN_META
 SHM_META = PLAIN_META | {"shm"}
-_ID_KEY = msgpack.packb("id")
-_UINT_LEN = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}  # msgpack's unsigned ints past a positive fixint
 
 
 class Plan(NamedTuple):
@@ -44,7 +42,7 @@ class Plan(NamedTuple):
     inputs: tuple          # per buffer frame: (dtype, shape, order, nbytes)
     admitted: tuple        # declared results, result destinations, slots (the kernel is looked up per call)
     max_bytes: int         # the budget it was admitted under
-    reply: Any = None      # D76: its reply header's fixed bytes (planned.ReplyBytes)
+    reply: Any = None      # D76: its reply header's fixed bytes (protocol.forms.ResultForm)
     segments: tuple = ()   # D79: per input in a segment, (its index, its locator, dtype, shape, order)
 
 
@@ -71,7 +69,7 @@ class Plans:
             return None
         offsets = self._offsets
         for i, off in enumerate(offsets):
-            got = _uint_at(raw, off)
+            got = id_at(raw, off)
             if got is None:
                 continue
             rid, end = got
@@ -91,15 +89,14 @@ class Plans:
         if raw is None or not _plain(header) or any(d is not None for d in admitted[1]):
             return
         rid = header["id"]
-        at = raw.find(_ID_KEY + msgpack.packb(rid))
-        if at < 0:
+        off = find_id(raw, rid)
+        if off is None:
             return
-        off = at + len(_ID_KEY)
-        got = _uint_at(raw, off)
+        got = id_at(raw, off)
         if got is None or got[0] != rid:
             return
         prefix, suffix = raw[:off], raw[got[1]:]
-        if (off not in self._offsets and len(self._offsets) >= OFFSETS_MAX) or not _is_the_id(prefix, suffix, header):
+        if (off not in self._offsets and len(self._offsets) >= OFFSETS_MAX) or not is_the_id(prefix, suffix, header):
             return
         if off not in self._offsets:
             self._offsets.append(off)
@@ -123,19 +120,6 @@ def _raw(frame: Any) -> bytes | None:
     return view.tobytes() if view.nbytes <= HEADER_MAX else None
 
 
-def _uint_at(raw: bytes, off: int) -> tuple[int, int] | None:
-    """The msgpack unsigned int starting at ``off`` and where it ends; None if none starts there."""
-    if off >= len(raw):
-        return None
-    b = raw[off]
-    if b < 0x80:
-        return b, off + 1
-    n = _UINT_LEN.get(b)
-    if n is None or off + 1 + n > len(raw):
-        return None
-    return int.from_bytes(raw[off + 1:off + 1 + n], "big"), off + 1 + n
-
-
 def _plain(header: dict) -> bool:
     """A call whose inputs are frames or segment inputs, and which asks for nothing but its results."""
     metas = header.get("arrays")
@@ -145,15 +129,6 @@ def _plain(header: dict) -> bool:
     if "out_shm" in header and not (isinstance(slots, list) and all(x is None for x in slots)):
         return False
     return PLAIN_KEYS_SHM.issuperset(header) and all(SHM_META.issuperset(m) for m in metas)
-
-
-def _is_the_id(prefix: bytes, suffix: bytes, header: dict) -> bool:
-    """Whether another int between ``prefix`` and ``suffix`` decodes to ``header`` with that id."""
-    other = header["id"] + 1 if header["id"] < 1 << 63 else header["id"] - 1  # a uint64 either way
-    try:
-        return wire.decode_header(prefix + msgpack.packb(other) + suffix) == {**header, "id": other}
-    except wire.WireError:
-        return False
 
 
 def _arrays(frames: list, inputs: tuple) -> list | None:

@@ -56,6 +56,7 @@ import zmq
 
 from ..protocol import messages, wire
 from ..protocol.fingerprint import RESIDENT_MIN, fingerprint
+from ..protocol.forms import ResultForm
 from ..transport import check_url
 from ..transport import shm_common
 from ..transport.shm_worker import ShmMapper
@@ -265,7 +266,7 @@ class Worker:
         except _Refusal as no:
             return messages.error(rid, no.kind, no.exc, str(no))
         self.plans.learn(self.principal.name, frame, header, arrays, admitted[1:], self.max_bytes,
-                         lambda: planned.ReplyBytes(admitted[1], self.resident))
+                         lambda: ResultForm(admitted[1], self.resident))
         return self._execute(rid, header, arrays, *admitted)
 
     def _admit(self, header: dict, arrays: list) -> tuple[Any, list, list, list]:

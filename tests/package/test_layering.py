@@ -108,3 +108,10 @@ def test_the_client_side_never_imports_the_interceptor():
     bad = [f"{p.relative_to(ROOT)}:{line} imports {name}" for p in sources for line, name in _imports(p)
            if name == "fusion_shim.intercept" or name.startswith("fusion_shim.intercept.")]
     assert bad == []
+
+
+def test_only_the_protocol_imports_msgpack():
+    """The wire's bytes are made and read in protocol/ alone: its forms, not spliced in place elsewhere."""
+    bad = [f"{p.relative_to(ROOT)}:{line}" for p in sorted(PKG.rglob("*.py")) if "protocol" not in p.parts
+           for line, name in _imports(p) if name == "msgpack" or name.startswith("msgpack.")]
+    assert bad == []

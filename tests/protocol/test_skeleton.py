@@ -15,14 +15,14 @@ import pytest
 
 from fusion_shim.protocol import messages, wire
 from fusion_shim.protocol.skeleton import LEARN_TRIES, Skeleton
-from fusion_shim.worker.planned import ReplyBytes
+from fusion_shim.protocol.forms import ResultForm
 
 IDS = [0, 1, 127, 128, 255, 256, 65535, 65536, 2**32 - 1, 2**32, 2**63]  # each msgpack width, both sides
 
 
 def _planned(rid: int, timing: dict, out: list, resident: bool = True) -> list:
     """The worker's planned reply (the bytes a template's repeated call gets)."""
-    return ReplyBytes([(r.dtype, r.shape) for r in out], resident).frames(rid, timing, out)
+    return ResultForm([(r.dtype, r.shape) for r in out], resident).frames(rid, timing, out)
 
 
 def _general(rid: int, timing: dict, out: list) -> list:

@@ -9,6 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from fusion_shim.protocol import messages, wire
+from fusion_shim.protocol.forms import ResultForm
 from fusion_shim.transport.principal import Principal
 from fusion_shim.worker import planned, server
 from fusion_shim.worker.backend import TorchBackend
@@ -82,14 +83,14 @@ def test_the_fixed_bytes_are_what_msgpack_makes_of_the_header():
     out = [np.zeros((2, 4)), np.asarray(5)]
     timing = {"h2d": 1e-6, "kernel": 2.5e-5, "d2h": 3e-7}
     for resident, extra in ((True, {"evicted": [], "kept": []}), (False, {})):
-        frames = planned.ReplyBytes(declared, resident).frames(123456, timing, out)
+        frames = ResultForm(declared, resident).frames(123456, timing, out)
         expected = messages.result(123456, timing, out, **extra).frames()
         assert _bytes(frames) == _bytes(expected)
         assert msgpack.unpackb(frames[0])["id"] == 123456
 
 
 def test_results_other_than_declared_are_left_to_the_general_path():
-    reply = planned.ReplyBytes([(np.dtype("<f8"), (2, 2))], True)
+    reply = ResultForm([(np.dtype("<f8"), (2, 2))], True)
     timing = {"h2d": 0.0, "kernel": 0.0, "d2h": 0.0}
     assert reply.frames(1, timing, [np.zeros((2, 3))]) is None
     assert reply.frames(1, timing, [np.zeros((2, 2), np.float32)]) is None

@@ -333,7 +333,9 @@ class Buffers:
         inputs: list[int] = []
         for i, value in enumerate((*args, *kwargs.values())):
             name = str(i) if i < len(args) else list(kwargs)[i - len(args)]
-            if hasattr(value, "__array_interface__"):
+            if isinstance(value, type):  # a dtype given as its scalar type (einsum's dtype=np.float32)
+                params[name] = value.__name__
+            elif hasattr(value, "__array_interface__"):
                 inputs.append(self._token(value, fresh=False))
             elif isinstance(value, _SCALARS) or (isinstance(value, tuple) and all(isinstance(v, _SCALARS) for v in value)):
                 params[name] = value

@@ -123,7 +123,14 @@ def cfactor(dt: np.dtype) -> int:
 # --- arguments -------------------------------------------------------------------------------------
 
 def array_arg(value: Any, name: str, allow_empty: bool = False) -> ndarray:
-    if type(value) is not ndarray:
+    """An operand as NumPy takes it: an exact ndarray, or a list or tuple converted as NumPy converts
+    it (D306). Python scalars stay NumPy's (their dtype is weak under NEP 50), subclasses too."""
+    if type(value) in (list, tuple):
+        try:
+            value = np.asarray(value)
+        except (ValueError, TypeError, OverflowError) as exc:  # ragged, or not numbers: NumPy says so
+            raise Unsupported(f"{name} is an array-like NumPy does not convert plainly: {exc}") from None
+    elif type(value) is not ndarray:
         kind = "an array-like" if not isinstance(value, ndarray) else f"subclass {type(value).__name__}"
         raise Unsupported(f"{name} is {kind}, not an exact ndarray")
     if value.dtype.hasobject or value.dtype.kind not in "biufc":

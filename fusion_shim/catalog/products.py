@@ -236,14 +236,58 @@ def _einsum_parse(subscripts: str, arrays: list[ndarray]) -> tuple[list[str], st
     return labels_per, rhs, sizes, ell
 
 
+_CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
+
+
+def _sublist(sub: Any) -> str:
+    """An interleaved operand's sublist as subscripts, as NumPy's C einsum spells it: 0-25 are
+    'A'-'Z', 26-51 'a'-'z', ``Ellipsis`` is '...' (so the implicit output sorts as NumPy's does)."""
+    if isinstance(sub, (str, bytes)) or not hasattr(sub, "__iter__"):
+        raise Unsupported("an einsum sublist is not a sequence")
+    out = []
+    for s in sub:
+        if s is Ellipsis:
+            out.append("...")
+            continue
+        i = int_param(s, "an einsum sublist entry")
+        if not 0 <= i < 52:
+            raise Unsupported(f"einsum sublist entry {i} is outside 0-51")  # NumPy raises its ValueError
+        out.append(chr(ord("A") + i) if i < 26 else chr(ord("a") + i - 26))
+    return "".join(out)
+
+
+def _einsum_operands(operands: tuple) -> tuple[str, list]:
+    """(subscripts, operands) of either form: a subscripts string first, or the interleaved form
+    ``einsum(op0, sublist0, op1, sublist1, ..., [sublist_out])``."""
+    if isinstance(operands[0], str):
+        return operands[0], list(operands[1:])
+    ops, subs = list(operands[0::2]), list(operands[1::2])
+    out = None
+    if len(operands) % 2:  # the last item is the output's sublist
+        out = ops.pop()
+    if len(subs) != len(ops):
+        raise Unsupported("einsum's interleaved operands and sublists do not pair up")
+    lhs = ",".join(_sublist(s) for s in subs)
+    return (lhs if out is None else f"{lhs}->{_sublist(out)}"), ops
+
+
 def rule_einsum(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     operands = ba.arguments.get("operands", ())
-    if not operands or not isinstance(operands[0], str):
-        raise Unsupported("einsum without a subscripts string")
-    subscripts, arrays = operands[0], [array_arg(x, f"operand {i}") for i, x in enumerate(operands[1:])]
+    if not operands:
+        raise Unsupported("einsum without operands")
+    subscripts, ops = _einsum_operands(tuple(operands))
+    arrays = [array_arg(x, f"operand {i}") for i, x in enumerate(ops)]
     if len(arrays) < 2:
         raise Unsupported("single-operand einsum returns a view")
-    dt = product_dtype(*arrays)
+    kw = ba.arguments.get("kwargs") or {}
+    casting, want = kw.get("casting", "safe"), kw.get("dtype")
+    if casting not in _CASTINGS:
+        raise Unsupported(f"casting={casting!r} is not one of NumPy's")  # NumPy raises its ValueError
+    # D306: the operands are cast to the result's dtype (``dtype=``, else their common one) under
+    # ``casting``, as NumPy's einsum does; a cast it refuses is NumPy's TypeError, raised here
+    dt = product_dtype(*arrays) if want is None else product_dtype(np.empty(0, want))
+    if not all(np.can_cast(a.dtype, dt, casting) for a in arrays):
+        raise Unsupported(f"an operand does not cast to {dt} under casting={casting!r}")
     mixed = len({a.dtype.newbyteorder("=") for a in arrays}) > 1
     if len(arrays) > 2 and mixed and ba.arguments.get("optimize", False) is not False:
         # NumPy contracts pairwise there, each intermediate in its pair's dtype (f4 with f4 stays f4)

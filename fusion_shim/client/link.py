@@ -515,6 +515,9 @@ class WorkerLink:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+                from ..worker.stages import remove_leftovers  # what its SIGTERM handler had no time for
+
+                remove_leftovers(self.proc.pid)
         if self.tmpdir and os.getpid() == self.owner:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 

@@ -142,6 +142,11 @@ class WireError(ValueError):
     """A message does not follow the format; the text says which rule it broke."""
 
 
+class EncodeError(Exception):
+    """A header this side cannot encode (a parameter msgpack cannot hold): nothing was sent, and
+    nobody but this side is at fault."""
+
+
 def to_wire(arr: np.ndarray) -> tuple[dict, Any]:
     """An array's meta and a buffer over its bytes; copies only when the array is neither C- nor
     F-contiguous or not in native byte order."""
@@ -200,7 +205,10 @@ def encode_wired(header: dict, wired: Sequence[tuple[dict, Any]], fps: Sequence[
                 meta = {**meta, "shm": loc}
         metas.append(meta)
     full = {"v": VERSION, **header, "arrays": metas}
-    return [msgpack.packb(full, use_bin_type=True), *bufs]
+    try:
+        return [msgpack.packb(full, use_bin_type=True), *bufs]
+    except (OverflowError, TypeError, ValueError) as exc:  # an int past 64 bits, an object msgpack has no type for
+        raise EncodeError(f"the call's header cannot be encoded: {type(exc).__name__}: {exc}") from None
 
 
 def frame_view(frame: Any) -> memoryview:

@@ -36,6 +36,7 @@ MAX_DEADLINE_S = 24 * 3600.0
 RUNS_PER_PRINCIPAL = 4  # D190: live stage processes one principal may hold; the least recent goes first
 BUSY_POLL_MS = 2  # how often the loop looks for finished stages while some run
 CHILD_EXIT_S = 5.0
+TMP_PREFIX = "fusion-shim-stage-"  # then the worker's pid: what its starter removes once it is gone (D187)
 
 
 def _versions() -> dict[str, str]:
@@ -169,7 +170,7 @@ class _Child:
 
     def _start(self) -> None:
         ids = self.host.ids
-        self.tmp = tempfile.mkdtemp(prefix="fusion-shim-stage-")  # D214: the only place a stage may write
+        self.tmp = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-")  # D214: the only place a stage may write
         if ids is not None:
             os.chown(self.tmp, *ids)
         env = {**child_env(ids), "TMPDIR": self.tmp}
@@ -241,3 +242,11 @@ class _Child:
         return messages.stage_result(rid, np.frombuffer(value, np.uint8), out[:nres], answer["changed"],
                                      out[nres:], answer["raised"], {"stage": answer["stage_s"]},
                                      "; ".join(n for n in (str(answer.get("note") or ""), self.host.note) if n))
+
+
+def remove_leftovers(worker_pid: int) -> None:
+    """D187: the stage directories of a worker that is gone (a SIGKILL runs no handler)."""
+    import glob
+
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{TMP_PREFIX}{worker_pid}-*")):
+        shutil.rmtree(path, ignore_errors=True)

@@ -42,5 +42,9 @@ def test_differential_through_shm(shm_shim, case, dtype, layout):
     # one passed twice is placed once (D202); one the wire copies (strided, byte-swapped) is copied each time
     inputs = {(x.ctypes.data, x.nbytes) if _sent_as_is(x) else object(): x
               for x in (*a_args, *kwargs.values()) if isinstance(x, np.ndarray)}
-    assert rec.shm_sent == sum(x.nbytes for x in inputs.values()), "an input did not go through shared memory"
+    expected = sum(x.nbytes for x in inputs.values())
+    if any(type(x) in (list, tuple) for x in (*a_args, *kwargs.values())):  # array-likes, converted: more
+        assert rec.shm_sent >= expected, "an input did not go through shared memory"
+    else:
+        assert rec.shm_sent == expected, "an input did not go through shared memory"
     assert rec.shm_received > 0 and rec.bytes_sent < 4096, (rec.shm_received, rec.bytes_sent)  # headers only

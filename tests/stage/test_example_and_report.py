@@ -62,3 +62,19 @@ def test_a_run_with_stages_leaves_no_stage_directory_behind(tmp_path):
     assert shim.returncode == 0, shim.stderr
     assert json.loads((tmp_path / "run.json").read_text())["stages"]["__main__:chain"]["worker"] == 3
     assert [p.name for p in tmp.iterdir() if p.name.startswith("fusion-shim-stage-")] == []
+
+
+def test_a_killed_workers_stage_directories_are_removed_by_its_starter(tmp_path, monkeypatch):
+    """A worker SIGKILLed after its SIGTERM went unanswered ran no handler: its starter removes its
+    stage directories, and only that worker's."""
+    import tempfile
+
+    from fusion_shim.worker import stages
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone, other = tmp_path / f"{stages.TMP_PREFIX}4242-abc", tmp_path / f"{stages.TMP_PREFIX}42420-abc"
+    for d in (gone, other):
+        d.mkdir()
+        (d / "scratch").write_text("x")
+    stages.remove_leftovers(4242)
+    assert not gone.exists() and other.exists()

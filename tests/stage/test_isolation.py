@@ -205,7 +205,7 @@ def test_a_non_root_workers_stage_cannot_read_its_keys_nor_signal_it(open_dir):
     user = "fusion-shim-stage-test"
     if os.geteuid() != 0 or shutil.which("useradd") is None:
         pytest.skip("making a user needs root and useradd")
-    if why_not_other_user() is not None:
+    if why_not_other_user() is not None and not _can_expose_python():
         pytest.skip(f"another user cannot run this Python: {why_not_other_user()}")
     import site
 
@@ -220,15 +220,57 @@ def test_a_non_root_workers_stage_cannot_read_its_keys_nor_signal_it(open_dir):
         subprocess.run(["userdel", user], capture_output=True)
 
 
+# The directory above this Python (``/root`` here) replaced, in a private mount namespace, by an empty
+# one that others may enter, holding only the Python's own tree: the user runs it, and sees nothing
+# else of root's home.
+_EXPOSE = """set -e
+keep=$(mktemp -d)
+mount --bind "$TOP/$SUB" "$keep"
+mount -t tmpfs -o mode=0755 tmpfs "$TOP"
+mkdir -p "$TOP/$SUB"
+mount --bind "$keep" "$TOP/$SUB"
+exec setpriv --reuid="$RUID" --regid="$RGID" --clear-groups "$@"
+"""
+
+
+def _python_tree() -> tuple[str, str]:
+    """(the closed directory, the Python's tree below it): ``/root`` and ``.pyenv``."""
+    real = os.path.realpath(sys.executable)
+    parts = Path(real).parts
+    for i in range(2, len(parts)):
+        top = os.path.join(*parts[:i])
+        if not os.stat(top).st_mode & 0o001:
+            return top, parts[i]
+    return "", ""
+
+
+def _can_expose_python() -> bool:
+    top, sub = _python_tree()
+    if not top or not all(shutil.which(c) for c in ("unshare", "setpriv", "mount")):
+        return False
+    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True)
+    return probe.returncode == 0
+
+
+def _exposing_python(entry, cmd: list) -> list:
+    top, sub = _python_tree()
+    script = f"TOP={top}; SUB={sub}; RUID={entry.pw_uid}; RGID={entry.pw_gid}\n" + _EXPOSE
+    return ["unshare", "-m", "--propagation", "private", "sh", "-c", script, "sh", *cmd]
+
+
 def _run_as_non_root_worker(entry, tmp_path):
     os.chown(tmp_path, entry.pw_uid, entry.pw_gid)
     key = _secret(str(tmp_path / "keys"))
     os.chown(os.path.dirname(key), entry.pw_uid, entry.pw_gid)
     os.chown(key, entry.pw_uid, entry.pw_gid)
     env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "PYTHONPATH": PKG_PARENT}
-    done = subprocess.run([sys.executable, "-c", NON_ROOT_WORKER, str(tmp_path), key], user=entry.pw_uid,
-                          group=entry.pw_gid, extra_groups=[], cwd=PKG_PARENT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    cmd = [sys.executable, "-c", NON_ROOT_WORKER, str(tmp_path), key]
+    if why_not_other_user() is None:
+        done = subprocess.run(cmd, user=entry.pw_uid, group=entry.pw_gid, extra_groups=[], cwd=PKG_PARENT, env=env,
+                              capture_output=True, text=True, timeout=600)
+    else:  # this Python lies in a directory only root may enter: shown to the user in a namespace of its own
+        done = subprocess.run(_exposing_python(entry, cmd), cwd=PKG_PARENT, env=env, capture_output=True, text=True,
+                              timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["uid"] == entry.pw_uid and got["key"] == "PermissionError" and got["memory"] == "PermissionError"

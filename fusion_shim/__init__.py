@@ -67,7 +67,7 @@ def _start():
     the shim; they also inherit ``FUSION_SHIM_WORKER`` once this process has started its worker."""
     global _started
     switch = os.environ.get("FUSION_SHIM")  # unset: a sitecustomize that imports _bootstrap starts it
-    if _started or (switch is not None and not _switched_on(switch)):
+    if _started or (switch is not None and not _switched_on(switch)) or _own_process(getattr(sys, "orig_argv", ())):
         return
     _started = True
     t = time.perf_counter()
@@ -79,6 +79,24 @@ def _start():
         hook.arm()
     else:
         sys.meta_path.insert(0, hook)
+
+
+_OWN_MAINS = ("fusion_shim.worker.", "fusion_shim.pool.")  # run as ``-m``: a worker, a stage process
+
+
+def _own_process(argv):
+    """Whether this interpreter runs one of this package's own processes (``-m fusion_shim.worker.X``,
+    ``-m fusion_shim worker``): a worker never intercepts, even where it inherited ``FUSION_SHIM``."""
+    args = iter(argv[1:])
+    for a in args:
+        if a == "-m":
+            module = next(args, "")
+            return module.startswith(_OWN_MAINS) or (module == "fusion_shim" and next(args, "") == "worker")
+        if a == "-c" or not a.startswith("-"):
+            return False  # a command or a script: a program of the user's
+        if a in ("-W", "-X"):
+            next(args, None)
+    return False
 
 
 class _AtNumpy:

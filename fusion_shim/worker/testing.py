@@ -55,11 +55,8 @@ def corrupt(a: Any) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import fusion_shim
+    from . import command  # under FUSION_SHIM=1, this process was never armed (fusion_shim._own_process)
 
-    from . import command
-
-    fusion_shim.uninstall()  # a worker never intercepts, even under FUSION_SHIM=1
     p = command.parser("python -m fusion_shim.worker.testing")
     p.add_argument("--delay", type=float, default=0.0, help="hold every call this many seconds")
     p.add_argument("--corrupt", action="store_true", help="return wrong answers")

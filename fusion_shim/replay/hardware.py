@@ -6,8 +6,8 @@ Every figure and its source is listed in docs/replay.md; the efficiency curves a
 
 A call's device time: ``launches * launch_s + max(flops / (peak * eff(flops)), bytes / mem_bps)``,
 ``peak`` by dtype (``gemm_peak`` for products where the device's matrix units apply), ``eff`` by
-family class, interpolated in log flops; the first call of each op on a worker adds ``first_call_s``
-(library handles, plans, workspaces). A link's time: ``per_call_s + rtt_s + up/bps + down/bps``.
+family class, interpolated in log flops; the first call of an op class and dtype its self-benchmark did
+not run adds ``first_call_s`` (library handles, workspaces). A link's time: ``per_call_s + rtt_s + up/bps + down/bps``.
 ``noise`` (device: of a kernel's time; link: of a transfer's) is the relative spread of run-to-run
 times, which a replay's noise band draws from (ASSUMED figures, docs/replay.md).
 """
@@ -45,7 +45,7 @@ class Device:
     memory: float                          # capacity, bytes
     launch_s: float                        # one kernel launch
     cold_start_s: float                    # process start, context, warm-up, self-benchmark
-    first_call_s: float = 0.0              # an op's first call on the worker: handles, plans, workspaces
+    first_call_s: float = 0.0              # a class/dtype's first call on the worker: handles, workspaces
     noise: float = 0.0                     # relative spread of a kernel's time from run to run
     gemm_peak: dict[str, float] = field(default_factory=dict)  # matrix units, where they apply to products
     eff: dict[str, list] = field(default_factory=lambda: GPU_EFF)

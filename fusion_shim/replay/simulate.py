@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from ..plan import Call, Planner, WorkerState
 from ..plan.model import REPRESENTATIVE
-from .hardware import Device, Link
+from .hardware import Device, Link, op_class
 
 RESIDENT_MIN = 256 * 1024  # protocol.fingerprint's: smaller buffers are sent by value every time
 REUSE_CAP = 3              # residency.Reuse's
@@ -57,6 +57,13 @@ class Outcome:
         return sum(s * st.scale for s, st in zip(self.seconds, steps))
 
 
+BENCH_DTYPES = ("f4", "f8", "c8", "c16")  # the dtypes Device.bench times
+
+
+def warm_key(call: Call) -> tuple[str, str]:
+    return op_class(call.op, call.family), call.dtype
+
+
 class WorkerSim:
     """What the modelled worker holds (LRU by bytes) and what this process has reused."""
 
@@ -64,7 +71,10 @@ class WorkerSim:
         self.held: OrderedDict[int, int] = OrderedDict()
         self.capacity = capacity
         self.seen: dict[int, int] = defaultdict(int)
-        self.warm: set[str] = set()            # ops the worker has run: their handles and plans exist
+        # (op class, dtype) the worker has run: its handles and workspaces exist. D291: its self-benchmark
+        # ran every class in the dtypes it times, so a warm worker pays warm-up only outside them
+        self.warm: set[tuple[str, str]] = {(cls, dt) for cls in ("gemm", "fft", "factor") for dt in BENCH_DTYPES}
+        self.warm |= {("spectral", "f8")}
 
     def priced_up(self, step: Step) -> tuple[int, int]:
         """(input bytes the planner is told it would send, reused bytes): residency.Wired.to_send."""
@@ -86,7 +96,8 @@ class WorkerSim:
                 self.seen[tok] += 1
 
     def ran(self, step: Step) -> None:
-        self.warm.add(step.op)
+        if step.call is not None:
+            self.warm.add(warm_key(step.call))
         for tok, size in (*step.inputs, *step.results):
             if size >= RESIDENT_MIN:
                 self.held[tok] = size
@@ -123,9 +134,32 @@ def steps_of(report: dict[str, Any]) -> tuple[list[Step], dict[str, Any]]:
                           _sized(r.get("inputs"), r.get("shapes"), r.get("dtypes")),
                           _results(r.get("results"), call), total / kept[(r.get("site"), r.get("op"))]))
         end = start + (r.get("wall_s") or 0.0)
+    smoothed = _smooth_local(steps)
     sample = {**(report.get("sample") or {}), "records": len(records), "unpriced": unpriced,
-              "scaled_sites": sum(1 for s in steps if s.scale > 1.0)}
+              "scaled_sites": sum(1 for s in steps if s.scale > 1.0), "local_smoothed": smoothed}
     return steps, sample
+
+
+SMOOTH_MIN = 3  # calls of one site, op and size before their local times are taken as their median
+
+
+def _smooth_local(steps: list[Step]) -> int:
+    """D292: the local time of each call of a (site, op, work, bytes) group of at least SMOOTH_MIN
+    calls is the group's median: the recording host's load spikes are no property of the program,
+    and an oracle that kept them would move the calls they hit, which nothing can foresee.
+    Returns how many calls changed."""
+    groups: dict[tuple, list[Step]] = defaultdict(list)
+    for st in steps:
+        if st.call is not None:
+            groups[(st.site, st.op, st.call.flops, st.call.bytes_in)].append(st)
+    changed = 0
+    for group in groups.values():
+        if len(group) >= SMOOTH_MIN:
+            mid = sorted(st.local_s for st in group)[len(group) // 2]
+            for st in group:
+                changed += st.local_s != mid
+                st.local_s = mid
+    return changed
 
 
 def _sized(tokens: Any, shapes: Any, dtypes: Any) -> list[tuple[int, int]]:
@@ -188,10 +222,10 @@ NO_NOISE = Jitter(None, Device("none", {}, 1.0, 1.0, 0.0, 0.0), Link("none", 0.0
 
 def remote_s(step: Step, dev: Device, link: Link, up: int, sim: WorkerSim | None = None,
              jitter: Jitter = NO_NOISE) -> tuple[float, float]:
-    """(seconds from send to answer, the device's share); an op's first call on ``sim`` pays its warm-up."""
+    """(seconds from send to answer, the device's share); a class and dtype new to ``sim`` pays its warm-up."""
     c = step.call
     kernel = dev.compute_s(c.op, c.family, c.dtype, c.flops, c.bytes_in + c.bytes_out) * jitter.kernel()
-    if sim is not None and c.op not in sim.warm:
+    if sim is not None and warm_key(c) not in sim.warm:
         kernel += dev.first_call_s
     return link.transfer_s(up, c.bytes_out) * jitter.transfer() + kernel, kernel
 
@@ -338,7 +372,7 @@ def compare(report: dict[str, Any], dev: Device, link: Link, cold: bool = False)
         "auto_decisions": [{"site": st.site, "op": st.op, "where": w, "reason": why}
                            for st, w, why in zip(steps, runs["auto"].where, runs["auto"].reasons)][:200],
         "sample": sample,
-        "assumptions": assumptions(dev, link, cold, report),
+        "assumptions": assumptions(dev, link, cold, report, sample),
     }
 
 
@@ -407,7 +441,9 @@ def _rate(points: list, flops: float) -> float:
     return math.exp(max(y for _, y in pts))
 
 
-def assumptions(dev: Device, link: Link, cold: bool, report: dict[str, Any]) -> list[str]:
+def assumptions(dev: Device, link: Link, cold: bool, report: dict[str, Any],
+                sample: dict[str, Any] | None = None) -> list[str]:
+    sample = sample or {}
     below = sum((o.get("below_floor") or 0) for o in (report.get("ops") or {}).values())
     return [
         f"device {dev.name}: " + ("its measured self-benchmark curves" if dev.curves else
@@ -415,14 +451,16 @@ def assumptions(dev: Device, link: Link, cold: bool, report: dict[str, Any]) -> 
         f"link {link.name}: round trip {link.rtt_s * 1e6:.0f} us, {link.up_bps / 1e9:.3g}/{link.down_bps / 1e9:.3g} "
         f"GB/s up/down, {link.per_call_s * 1e6:.0f} us per call",
         "local times: as measured in the recorded run; calls it sent to its worker: the median measured local "
-        "rate of their op, else the planner's prediction",
+        "rate of their op, else the planner's prediction; each call of a site, op and size seen "
+        f"{SMOOTH_MIN}+ times: their median ({sample.get('local_smoothed', 0)} calls changed)",
         "worker " + (f"cold: ready {dev.cold_start_s:.3g} s into the program (auto computes here until then)"
                      if cold else "warm from the start (--cold counts its start)"),
         "the worker keeps inputs and results from 256 KiB up, within half its memory, least recently used "
         "out first; identity by buffer address while the array lives",
         f"calls the recorded run kept under its size floor ({below}) are not replayed (they stay here)",
         "the program's own time between calls is as recorded; no overlap of calls",
-        f"an op's first call on the worker adds {dev.first_call_s:.3g} s (handles, plans, workspaces)",
+        f"the first call of an op class and dtype the worker's self-benchmark did not run adds "
+        f"{dev.first_call_s:.3g} s (handles, workspaces)",
         (f"noise band: {NOISE_RUNS} replays, each kernel x lognormal({dev.noise:.2g}) and each transfer x "
          f"lognormal({link.noise:.2g}); the totals shown are without noise" if dev.noise or link.noise else
          "no run-to-run noise modelled for this device and link"),

@@ -139,14 +139,19 @@ def test_an_array_like_the_recording_cannot_read_is_an_event_never_an_exception(
     assert rec.inputs is None and "not traced" in led.events[-1][1]
 
 
-def test_an_ops_first_call_on_the_worker_pays_its_warm_up_once():
+def test_a_class_and_dtype_the_self_benchmark_did_not_run_pays_its_warm_up_once():
     dev, link = hardware.device("h200", {}), hardware.link("pcie5", {})
-    steps = [s for s in _steps() if s.call.flops > 1e9][:3]
+    call = Call("numpy.linalg.svd", "linalg", "f4", 1e9, 4 << 20, 4 << 20)
+    steps = [simulate.Step(i, "s.py:1", call.op, call, 0.1, 0.0, [(i, 4 << 20)], [(100 + i, 4 << 20)], 1.0)
+             for i in range(2)]
     sim = simulate.WorkerSim(dev.memory / 2)
     first = simulate.remote_s(steps[0], dev, link, 0, sim)[0]
     sim.ran(steps[0])
     second = simulate.remote_s(steps[1], dev, link, 0, sim)[0]
     assert first - second == pytest.approx(dev.first_call_s)
+    products = [s for s in _steps() if s.call.flops > 1e9][0]  # benchmarked: warm from the start
+    assert simulate.remote_s(products, dev, link, 0, simulate.WorkerSim(1e9))[0] == pytest.approx(
+        simulate.remote_s(products, dev, link, 0)[0])
 
 
 def test_the_noise_band_brackets_the_noisy_replays_and_repeats_for_a_seed():
@@ -187,3 +192,12 @@ def test_the_replayed_planner_starts_calibrated_from_the_recorded_local_times():
     big = steps[0].call
     d = planner.decide(big, [WorkerState("ready", bytes_in=big.bytes_in)])
     assert d.where == "worker" and d.local_s == pytest.approx(big.flops / 20e9, rel=0.05)
+
+
+def test_repeated_calls_of_a_site_take_their_median_local_time():
+    call = Call("numpy.matmul", "products", "f8", 1e7, 1 << 20, 1 << 19)
+    other = Call("numpy.matmul", "products", "f8", 2e7, 1 << 20, 1 << 19)
+    steps = [simulate.Step(i, "m.py:5", call.op, call, s, 0.0, [], [], 1.0) for i, s in enumerate((1e-3, 2e-3, 0.1))]
+    steps += [simulate.Step(3 + i, "m.py:5", other.op, other, s, 0.0, [], [], 1.0) for i, s in enumerate((1e-3, 0.1))]
+    assert simulate._smooth_local(steps) == 2
+    assert [st.local_s for st in steps] == [2e-3, 2e-3, 2e-3, 1e-3, 0.1]  # a pair is left as recorded

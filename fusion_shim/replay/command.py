@@ -64,6 +64,10 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:.3g} MB"
 
 
+def _bytes(moved: dict[str, Any], strategy: str, way: str) -> str:
+    return _mb(moved[strategy][way]) if strategy in moved else "-"  # the oracle is a bound: no bytes of its own
+
+
 def format_comparison(r: dict[str, Any]) -> str:
     lines = [f"SIMULATED replay of {' '.join(r.get('program') or ['?'])} (recorded under policy "
              f"{r.get('recorded_policy')}) on {r['device']} over {r['link']}",
@@ -72,7 +76,7 @@ def format_comparison(r: dict[str, Any]) -> str:
              f"{'bytes down':>10}"]
     for k in STRATEGIES:
         lines.append(f"  {NAMES[k]:<20} {_ms(r['totals_s'][k])} {_ms(r['wall_s'][k])} {r['moved'][k]:>12.0f} "
-                     f"{_mb(r['bytes'].get(k, {}).get('up', 0)):>10} {_mb(r['bytes'].get(k, {}).get('down', 0)):>10}   SIMULATED")
+                     f"{_bytes(r['bytes'], k, 'up'):>10} {_bytes(r['bytes'], k, 'down'):>10}   SIMULATED")
     best = min(r["totals_s"]["local"], r["totals_s"]["remote"])
     if best > 0 and r["totals_s"]["oracle"] > 0:
         lines.append(f"  auto / min(all-local, all-remote) = {r['totals_s']['auto'] / best:.3f}; "

@@ -64,6 +64,10 @@ def _mb(n: float) -> str:
     return f"{n / 1e6:.3g} MB"
 
 
+def _bytes(moved: dict[str, Any], strategy: str, way: str) -> str:
+    return _mb(moved[strategy][way]) if strategy in moved else "-"  # the oracle is a bound: no bytes of its own
+
+
 def format_comparison(r: dict[str, Any]) -> str:
     lines = [f"SIMULATED replay of {' '.join(r.get('program') or ['?'])} (recorded under policy "
              f"{r.get('recorded_policy')}) on {r['device']} over {r['link']}",
@@ -72,16 +76,26 @@ def format_comparison(r: dict[str, Any]) -> str:
              f"{'bytes down':>10}"]
     for k in STRATEGIES:
         lines.append(f"  {NAMES[k]:<20} {_ms(r['totals_s'][k])} {_ms(r['wall_s'][k])} {r['moved'][k]:>12.0f} "
-                     f"{_mb(r['bytes'].get(k, {}).get('up', 0)):>10} {_mb(r['bytes'].get(k, {}).get('down', 0)):>10}   SIMULATED")
+                     f"{_bytes(r['bytes'], k, 'up'):>10} {_bytes(r['bytes'], k, 'down'):>10}   SIMULATED")
     best = min(r["totals_s"]["local"], r["totals_s"]["remote"])
     if best > 0 and r["totals_s"]["oracle"] > 0:
         lines.append(f"  auto / min(all-local, all-remote) = {r['totals_s']['auto'] / best:.3f}; "
                      f"auto / oracle = {r['totals_s']['auto'] / r['totals_s']['oracle']:.3f}   SIMULATED")
+    if r.get("band_s"):
+        band = r["band_s"]
+        lines.append("  noise band (lowest - highest of the noisy replays): " + "; ".join(
+            f"{NAMES[k]} {band[k][0] * 1e3:.3f} - {band[k][1] * 1e3:.3f} ms" for k in STRATEGIES if k in band)
+            + "   SIMULATED")
     lines.append("SIMULATED per call site (intercepted ms; calls the planner / the oracle would move)")
     for name, s in sorted(r["sites"].items(), key=lambda kv: -kv[1]["local"])[:20]:
         lines.append(f"  {name[:60]:<60} {s['calls']:>6.0f} calls  local {s['local'] * 1e3:.3f}  remote "
                      f"{s['remote'] * 1e3:.3f}  auto {s['auto'] * 1e3:.3f}  oracle {s['oracle'] * 1e3:.3f}  "
                      f"moved {s['auto_worker']:.0f}/{s['oracle_worker']:.0f}   SIMULATED")
+    if r.get("break_even"):
+        lines.append("SIMULATED break-even per op: the worker wins from this input size up")
+        for key, b in r["break_even"].items():
+            at = (f"{_mb(b['bytes_in'])} in, {b['flops']:.3g} flops" if b["bytes_in"] is not None else "never")
+            lines.append(f"  {key:<40} {at}{' (' + b['note'] + ')' if b['note'] else ''}   SIMULATED")
     sample = r["sample"]
     if sample.get("dropped") or sample.get("scaled_sites"):
         lines.append(f"sample: {sample.get('kept', sample.get('records'))} calls kept, {sample.get('dropped', 0)} "

@@ -6,7 +6,10 @@ Every figure and its source is listed in docs/replay.md; the efficiency curves a
 
 A call's device time: ``launches * launch_s + max(flops / (peak * eff(flops)), bytes / mem_bps)``,
 ``peak`` by dtype (``gemm_peak`` for products where the device's matrix units apply), ``eff`` by
-family class, interpolated in log flops. A link's time: ``per_call_s + rtt_s + up/bps + down/bps``.
+family class, interpolated in log flops; the first call of an op class and dtype its self-benchmark did
+not run adds ``first_call_s`` (library handles, workspaces). A link's time: ``per_call_s + rtt_s + up/bps + down/bps``.
+``noise`` (device: of a kernel's time; link: of a transfer's) is the relative spread of run-to-run
+times, which a replay's noise band draws from (ASSUMED figures, docs/replay.md).
 """
 from __future__ import annotations
 
@@ -42,6 +45,8 @@ class Device:
     memory: float                          # capacity, bytes
     launch_s: float                        # one kernel launch
     cold_start_s: float                    # process start, context, warm-up, self-benchmark
+    first_call_s: float = 0.0              # a class/dtype's first call on the worker: handles, workspaces
+    noise: float = 0.0                     # relative spread of a kernel's time from run to run
     gemm_peak: dict[str, float] = field(default_factory=dict)  # matrix units, where they apply to products
     eff: dict[str, list] = field(default_factory=lambda: GPU_EFF)
     source: str = ""
@@ -94,6 +99,7 @@ class Link:
     down_bps: float
     per_call_s: float                      # this project's own per-call work: encode, decode, copies
     source: str = ""
+    noise: float = 0.0                     # relative spread of a transfer's time from run to run
 
     def transfer_s(self, up: float, down: float) -> float:
         return self.per_call_s + self.rtt_s + up / self.up_bps + down / self.down_bps
@@ -127,31 +133,47 @@ T = 1e12
 # datasheet figures (docs/replay.md lists each source)
 DEVICES: dict[str, dict[str, Any]] = {
     "h100-sxm": dict(peak={"f8": 34 * T, "c16": 34 * T, "f4": 67 * T, "c8": 67 * T}, gemm_peak={"f8": 67 * T, "c16": 67 * T},
-                     mem_bps=3.35e12, memory=80e9, launch_s=5e-6, cold_start_s=8.0,
+                     mem_bps=3.35e12, memory=80e9, launch_s=5e-6, cold_start_s=8.0, first_call_s=0.02, noise=0.03,
                      source="NVIDIA H100 Tensor Core GPU datasheet (SXM5)"),
     "h100-pcie": dict(peak={"f8": 26 * T, "c16": 26 * T, "f4": 51 * T, "c8": 51 * T}, gemm_peak={"f8": 51 * T, "c16": 51 * T},
-                      mem_bps=2.0e12, memory=80e9, launch_s=5e-6, cold_start_s=8.0,
+                      mem_bps=2.0e12, memory=80e9, launch_s=5e-6, cold_start_s=8.0, first_call_s=0.02, noise=0.03,
                       source="NVIDIA H100 Tensor Core GPU datasheet (PCIe)"),
     "h200": dict(peak={"f8": 34 * T, "c16": 34 * T, "f4": 67 * T, "c8": 67 * T}, gemm_peak={"f8": 67 * T, "c16": 67 * T},
-                 mem_bps=4.8e12, memory=141e9, launch_s=5e-6, cold_start_s=8.0,
+                 mem_bps=4.8e12, memory=141e9, launch_s=5e-6, cold_start_s=8.0, first_call_s=0.02, noise=0.03,
                  source="NVIDIA H200 Tensor Core GPU datasheet (SXM)"),
     "a100": dict(peak={"f8": 9.7 * T, "c16": 9.7 * T, "f4": 19.5 * T, "c8": 19.5 * T}, gemm_peak={"f8": 19.5 * T, "c16": 19.5 * T},
-                 mem_bps=2.039e12, memory=80e9, launch_s=5e-6, cold_start_s=8.0,
+                 mem_bps=2.039e12, memory=80e9, launch_s=5e-6, cold_start_s=8.0, first_call_s=0.02, noise=0.03,
                  source="NVIDIA A100 Tensor Core GPU datasheet (80GB SXM)"),
     "l4": dict(peak={"f8": 0.47 * T, "c16": 0.47 * T, "f4": 30.3 * T, "c8": 30.3 * T},
-               mem_bps=300e9, memory=24e9, launch_s=5e-6, cold_start_s=6.0,
+               mem_bps=300e9, memory=24e9, launch_s=5e-6, cold_start_s=6.0, first_call_s=0.02, noise=0.03,
                source="NVIDIA L4 Tensor Core GPU datasheet; FP64 = FP32/64 (Ada), derived"),
+    "rtx5090": dict(peak={"f8": 1.64 * T, "c16": 1.64 * T, "f4": 104.8 * T, "c8": 104.8 * T},
+                    mem_bps=1.792e12, memory=32e9, launch_s=5e-6, cold_start_s=6.0, first_call_s=0.02, noise=0.03,
+                    source="NVIDIA GeForce RTX 5090 specifications (104.8 TFLOP/s FP32, 1792 GB/s, 32 GB); "
+                           "FP64 = FP32/64 (GB202), derived"),
 }
 LINKS: dict[str, dict[str, Any]] = {
-    "pcie5": dict(rtt_s=10e-6, up_bps=50e9, down_bps=50e9, per_call_s=50e-6,
+    "nvlink-c2c": dict(rtt_s=5e-6, up_bps=450e9, down_bps=450e9, per_call_s=50e-6, noise=0.02,
+                       source="NVIDIA Grace Hopper Superchip datasheet: NVLink-C2C 900 GB/s both ways together; "
+                              "5 us round trip ASSUMED"),
+    "pcie5": dict(rtt_s=10e-6, up_bps=50e9, down_bps=50e9, per_call_s=50e-6, noise=0.02,
                   source="PCI-SIG PCIe 5.0 x16: 32 GT/s x 16 lanes, 128b/130b = 63 GB/s each way; 50 GB/s pinned ASSUMED"),
-    "pcie5-pageable": dict(rtt_s=10e-6, up_bps=25e9, down_bps=25e9, per_call_s=50e-6,
+    "pcie5-pageable": dict(rtt_s=10e-6, up_bps=25e9, down_bps=25e9, per_call_s=50e-6, noise=0.02,
                            source="PCIe 5.0 x16 with pageable host memory: half the pinned rate ASSUMED"),
-    "10gbe": dict(rtt_s=100e-6, up_bps=1.17e9, down_bps=1.17e9, per_call_s=50e-6,
+    "pcie4": dict(rtt_s=10e-6, up_bps=25e9, down_bps=25e9, per_call_s=50e-6, noise=0.02,
+                  source="PCI-SIG PCIe 4.0 x16: 16 GT/s x 16 lanes, 128b/130b = 31.5 GB/s each way; 25 GB/s pinned "
+                         "ASSUMED"),
+    "pcie4-pageable": dict(rtt_s=10e-6, up_bps=12.5e9, down_bps=12.5e9, per_call_s=50e-6, noise=0.02,
+                           source="PCIe 4.0 x16 with pageable host memory: half the pinned rate ASSUMED"),
+    "100gbe": dict(rtt_s=50e-6, up_bps=11.75e9, down_bps=11.75e9, per_call_s=50e-6, noise=0.05,
+                   source="IEEE 802.3ba/bj 100 Gbit/s; 94% TCP goodput; 50 us round trip ASSUMED"),
+    "25gbe": dict(rtt_s=80e-6, up_bps=2.94e9, down_bps=2.94e9, per_call_s=50e-6, noise=0.05,
+                  source="IEEE 802.3by 25 Gbit/s; 94% TCP goodput; 80 us round trip ASSUMED"),
+    "10gbe": dict(rtt_s=100e-6, up_bps=1.17e9, down_bps=1.17e9, per_call_s=50e-6, noise=0.05,
                   source="IEEE 802.3ae 10 Gbit/s; 94% TCP goodput; 100 us LAN round trip ASSUMED"),
-    "1gbe": dict(rtt_s=200e-6, up_bps=1.17e8, down_bps=1.17e8, per_call_s=50e-6,
+    "1gbe": dict(rtt_s=200e-6, up_bps=1.17e8, down_bps=1.17e8, per_call_s=50e-6, noise=0.05,
                  source="IEEE 802.3ab 1 Gbit/s; 94% TCP goodput; 200 us LAN round trip ASSUMED"),
-    "wan": dict(rtt_s=20e-3, up_bps=12.5e6, down_bps=12.5e6, per_call_s=50e-6,
+    "wan": dict(rtt_s=20e-3, up_bps=12.5e6, down_bps=12.5e6, per_call_s=50e-6, noise=0.2,
                 source="100 Mbit/s, 20 ms round trip (the scenario fusion_shim targets)"),
 }
 
@@ -166,7 +188,7 @@ def cpu_worker(report: dict[str, Any]) -> Device:
                          "a CPU worker (--device cpu or --policy remote) to replay on 'cpu-worker'")
     ready = (report.get("worker") or {}).get("ready_after_s")
     return Device("cpu-worker", peak={}, mem_bps=20e9, memory=8e9, launch_s=0.0,
-                  cold_start_s=float(ready) if isinstance(ready, (int, float)) else 2.0,
+                  cold_start_s=float(ready) if isinstance(ready, (int, float)) else 2.0, noise=0.1,
                   source="the recorded worker's own self-benchmark", curves=curves)
 
 

@@ -16,16 +16,19 @@ are kept. An input reused by earlier calls is priced by its share of one upload 
 from __future__ import annotations
 
 import math
+import random
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..plan import Call, Planner, WorkerState
-from .hardware import Device, Link
+from ..plan.model import REPRESENTATIVE
+from .hardware import Device, Link, op_class
 
 RESIDENT_MIN = 256 * 1024  # protocol.fingerprint's: smaller buffers are sent by value every time
 REUSE_CAP = 3              # residency.Reuse's
 STRATEGIES = ("local", "remote", "auto", "oracle")
+NOISE_RUNS = 8             # noisy replays behind the band shown (seeds 1..NOISE_RUNS)
 
 
 @dataclass
@@ -54,6 +57,13 @@ class Outcome:
         return sum(s * st.scale for s, st in zip(self.seconds, steps))
 
 
+BENCH_DTYPES = ("f4", "f8", "c8", "c16")  # the dtypes Device.bench times
+
+
+def warm_key(call: Call) -> tuple[str, str]:
+    return op_class(call.op, call.family), call.dtype
+
+
 class WorkerSim:
     """What the modelled worker holds (LRU by bytes) and what this process has reused."""
 
@@ -61,6 +71,10 @@ class WorkerSim:
         self.held: OrderedDict[int, int] = OrderedDict()
         self.capacity = capacity
         self.seen: dict[int, int] = defaultdict(int)
+        # (op class, dtype) the worker has run: its handles and workspaces exist. D291: its self-benchmark
+        # ran every class in the dtypes it times, so a warm worker pays warm-up only outside them
+        self.warm: set[tuple[str, str]] = {(cls, dt) for cls in ("gemm", "fft", "factor") for dt in BENCH_DTYPES}
+        self.warm |= {("spectral", "f8")}
 
     def priced_up(self, step: Step) -> tuple[int, int]:
         """(input bytes the planner is told it would send, reused bytes): residency.Wired.to_send."""
@@ -82,6 +96,8 @@ class WorkerSim:
                 self.seen[tok] += 1
 
     def ran(self, step: Step) -> None:
+        if step.call is not None:
+            self.warm.add(warm_key(step.call))
         for tok, size in (*step.inputs, *step.results):
             if size >= RESIDENT_MIN:
                 self.held[tok] = size
@@ -118,9 +134,32 @@ def steps_of(report: dict[str, Any]) -> tuple[list[Step], dict[str, Any]]:
                           _sized(r.get("inputs"), r.get("shapes"), r.get("dtypes")),
                           _results(r.get("results"), call), total / kept[(r.get("site"), r.get("op"))]))
         end = start + (r.get("wall_s") or 0.0)
+    smoothed = _smooth_local(steps)
     sample = {**(report.get("sample") or {}), "records": len(records), "unpriced": unpriced,
-              "scaled_sites": sum(1 for s in steps if s.scale > 1.0)}
+              "scaled_sites": sum(1 for s in steps if s.scale > 1.0), "local_smoothed": smoothed}
     return steps, sample
+
+
+SMOOTH_MIN = 3  # calls of one site, op and size before their local times are taken as their median
+
+
+def _smooth_local(steps: list[Step]) -> int:
+    """D292: the local time of each call of a (site, op, work, bytes) group of at least SMOOTH_MIN
+    calls is the group's median: the recording host's load spikes are no property of the program,
+    and an oracle that kept them would move the calls they hit, which nothing can foresee.
+    Returns how many calls changed."""
+    groups: dict[tuple, list[Step]] = defaultdict(list)
+    for st in steps:
+        if st.call is not None:
+            groups[(st.site, st.op, st.call.flops, st.call.bytes_in)].append(st)
+    changed = 0
+    for group in groups.values():
+        if len(group) >= SMOOTH_MIN:
+            mid = sorted(st.local_s for st in group)[len(group) // 2]
+            for st in group:
+                changed += st.local_s != mid
+                st.local_s = mid
+    return changed
 
 
 def _sized(tokens: Any, shapes: Any, dtypes: Any) -> list[tuple[int, int]]:
@@ -163,14 +202,36 @@ def _local_time(r: dict, rates: dict[tuple, float]) -> float | None:
     return r.get("predicted_local_s")
 
 
-def remote_s(step: Step, dev: Device, link: Link, up: int) -> tuple[float, float]:
-    """(seconds from send to answer, the device's share)."""
+class Jitter:
+    """Run-to-run noise: a lognormal factor on each kernel and each transfer (``Device.noise``,
+    ``Link.noise``); seed None: none, the central figures."""
+
+    def __init__(self, seed: int | None, dev: Device, link: Link):
+        self.rng = random.Random(seed) if seed is not None else None
+        self.dev, self.link = dev.noise, link.noise
+
+    def kernel(self) -> float:
+        return self.rng.lognormvariate(0.0, self.dev) if self.rng and self.dev else 1.0
+
+    def transfer(self) -> float:
+        return self.rng.lognormvariate(0.0, self.link) if self.rng and self.link else 1.0
+
+
+NO_NOISE = Jitter(None, Device("none", {}, 1.0, 1.0, 0.0, 0.0), Link("none", 0.0, 1.0, 1.0, 0.0))
+
+
+def remote_s(step: Step, dev: Device, link: Link, up: int, sim: WorkerSim | None = None,
+             jitter: Jitter = NO_NOISE) -> tuple[float, float]:
+    """(seconds from send to answer, the device's share); a class and dtype new to ``sim`` pays its warm-up."""
     c = step.call
-    kernel = dev.compute_s(c.op, c.family, c.dtype, c.flops, c.bytes_in + c.bytes_out)
-    return link.transfer_s(up, c.bytes_out) + kernel, kernel
+    kernel = dev.compute_s(c.op, c.family, c.dtype, c.flops, c.bytes_in + c.bytes_out) * jitter.kernel()
+    if sim is not None and warm_key(c) not in sim.warm:
+        kernel += dev.first_call_s
+    return link.transfer_s(up, c.bytes_out) * jitter.transfer() + kernel, kernel
 
 
-def run_fixed(steps: list[Step], dev: Device, link: Link, where: str, cold: bool = False) -> Outcome:
+def run_fixed(steps: list[Step], dev: Device, link: Link, where: str, cold: bool = False,
+              jitter: Jitter = NO_NOISE) -> Outcome:
     """Every call here, or every call it can on the worker (a cold one waited for, as policy remote does)."""
     out, sim = Outcome(), WorkerSim(dev.memory / 2)
     clock, ready_at = 0.0, dev.cold_start_s if cold else 0.0
@@ -180,7 +241,7 @@ def run_fixed(steps: list[Step], dev: Device, link: Link, where: str, cold: bool
             seconds, place = st.local_s, "local"
         else:
             up = sim.up(st)
-            seconds = remote_s(st, dev, link, up)[0] + max(ready_at - clock, 0.0)
+            seconds = remote_s(st, dev, link, up, sim, jitter)[0] + max(ready_at - clock, 0.0)
             place = "worker"
             sim.note(st)
             sim.ran(st)
@@ -206,17 +267,42 @@ def run_oracle(steps: list[Step], remote: Outcome) -> Outcome:
     return out
 
 
-def make_planner(ops: dict[str, str]) -> Planner:
-    """The planner as the runtime makes it under auto for one worker; D242: no calibration cache
-    and no background thread, so nothing in it reads a clock."""
-    return Planner("auto", 1, ops=ops, inputs_may_be_resident=True)
+class RecordedCalibration:
+    """D290: the calibration cache of the recording host, read off the recording: per (family, dtype),
+    the measured local (flops, seconds) of the family's representative ops (the ops a calibration
+    probe times), the median per size. What ``fusion-shim calibrate`` there would have given the
+    planner; a (family, dtype) no such call measured has none, as on a host never calibrated."""
+
+    MAX_POINTS = 6
+
+    def __init__(self, steps: list[Step]):
+        by: dict[tuple[str, str], dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for st in steps:
+            c = st.call
+            if c is not None and REPRESENTATIVE.get(c.op) == c.family and c.flops > 0 and st.local_s > 0:
+                by[(c.family, c.dtype)][c.flops].append(st.local_s)
+        self.points: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for key, sizes in by.items():
+            pts = [(f, sorted(v)[len(v) // 2]) for f, v in sorted(sizes.items())]
+            step = max(len(pts) // self.MAX_POINTS, 1)
+            self.points[key] = sorted(set(pts[::step][:self.MAX_POINTS - 1] + [pts[-1]]))
+
+    def get(self, family: str, dtype: str) -> list[tuple[float, float]] | None:
+        return self.points.get((family, dtype))
+
+
+def make_planner(ops: dict[str, str], calibration: RecordedCalibration | None = None) -> Planner:
+    """The planner as the runtime makes it under auto for one worker, its calibration cache the
+    recording host's (D290); D242: no background thread, so nothing in it reads a clock."""
+    return Planner("auto", 1, ops=ops, inputs_may_be_resident=True, cache=calibration)  # type: ignore[arg-type]
 
 
 def run_auto(steps: list[Step], dev: Device, link: Link, cold: bool = False,
-             planner: Planner | None = None, on_decision: Callable[[Call, Any], None] | None = None) -> Outcome:
+             planner: Planner | None = None, on_decision: Callable[[Call, Any], None] | None = None,
+             jitter: Jitter = NO_NOISE) -> Outcome:
     """The real planner driven through the calls on a simulated clock (see the module's docstring)."""
     ops = {st.call.op: st.call.family for st in steps if st.call is not None}
-    planner = planner or make_planner(ops)
+    planner = planner or make_planner(ops, RecordedCalibration(steps))
     ready_at = dev.cold_start_s if cold else 0.0
     clock, told = 0.0, False
     out, sim = Outcome(), WorkerSim(dev.memory / 2)
@@ -241,7 +327,7 @@ def run_auto(steps: list[Step], dev: Device, link: Link, cold: bool = False,
         out.reasons.append(d.reason)
         if d.where == "worker":
             up = sim.up(st)
-            seconds, kernel = remote_s(st, dev, link, up)
+            seconds, kernel = remote_s(st, dev, link, up, sim, jitter)
             sim.ran(st)
             planner.observed_remote(0, call, d, seconds, kernel, up, call.bytes_out)
             out.up += int(up * st.scale)
@@ -258,9 +344,7 @@ def run_auto(steps: list[Step], dev: Device, link: Link, cold: bool = False,
 def compare(report: dict[str, Any], dev: Device, link: Link, cold: bool = False) -> dict[str, Any]:
     """The four strategies' SIMULATED totals, per site, what moves and the assumptions."""
     steps, sample = steps_of(report)
-    remote = run_fixed(steps, dev, link, "remote", cold)
-    runs = {"local": run_fixed(steps, dev, link, "local"), "remote": remote,
-            "auto": run_auto(steps, dev, link, cold), "oracle": run_oracle(steps, remote)}
+    runs = run_all(steps, dev, link, cold)
     intercepted = sum((r.get("wall_s") or 0.0) for r in report.get("records") or [])
     other_s = max((report.get("wall_s") or 0.0) - intercepted, 0.0)
     sites: dict[str, dict[str, Any]] = {}
@@ -277,6 +361,8 @@ def compare(report: dict[str, Any], dev: Device, link: Link, cold: bool = False)
         "device": dev.name, "device_source": dev.source, "link": link.name, "link_source": link.source,
         "program": report.get("argv"), "recorded_policy": report.get("policy"),
         "totals_s": {k: run.total(steps) for k, run in runs.items()},
+        "band_s": noise_band(steps, dev, link, cold),
+        "break_even": break_even(steps, dev, link),
         "other_s": other_s,
         "wall_s": {k: other_s + run.total(steps) for k, run in runs.items()},
         "bytes": {k: {"up": run.up, "down": run.down} for k, run in runs.items() if k != "oracle"},
@@ -286,11 +372,78 @@ def compare(report: dict[str, Any], dev: Device, link: Link, cold: bool = False)
         "auto_decisions": [{"site": st.site, "op": st.op, "where": w, "reason": why}
                            for st, w, why in zip(steps, runs["auto"].where, runs["auto"].reasons)][:200],
         "sample": sample,
-        "assumptions": assumptions(dev, link, cold, report),
+        "assumptions": assumptions(dev, link, cold, report, sample),
     }
 
 
-def assumptions(dev: Device, link: Link, cold: bool, report: dict[str, Any]) -> list[str]:
+def run_all(steps: list[Step], dev: Device, link: Link, cold: bool = False,
+            jitter: Jitter = NO_NOISE) -> dict[str, Outcome]:
+    remote = run_fixed(steps, dev, link, "remote", cold, jitter)
+    return {"local": run_fixed(steps, dev, link, "local"), "remote": remote,
+            "auto": run_auto(steps, dev, link, cold, jitter=jitter), "oracle": run_oracle(steps, remote)}
+
+
+def noise_band(steps: list[Step], dev: Device, link: Link, cold: bool = False,
+               runs: int = NOISE_RUNS) -> dict[str, list[float]]:
+    """[lowest, highest] total of each strategy over ``runs`` replays with run-to-run noise drawn."""
+    if not (dev.noise or link.noise):
+        return {}
+    totals: dict[str, list[float]] = defaultdict(list)
+    for seed in range(1, runs + 1):
+        for k, run in run_all(steps, dev, link, cold, Jitter(seed, dev, link)).items():
+            totals[k].append(run.total(steps))
+    return {k: [min(v), max(v)] for k, v in totals.items()}
+
+
+def break_even(steps: list[Step], dev: Device, link: Link) -> dict[str, dict[str, Any]]:
+    """Per (op, dtype): the input size from which the modelled worker (a cold upload, the link, the
+    kernel) beats this host, the op's largest recorded call scaled in each dimension (flops by the
+    cube for products and decompositions, the square otherwise; bytes by the square); this host's time
+    from the op's recorded (flops, seconds), log-log, held beyond them."""
+    points: dict[tuple, list] = defaultdict(list)
+    largest: dict[tuple, Call] = {}
+    for st in steps:
+        if st.call is None or st.local_s <= 0 or st.call.flops <= 0:
+            continue
+        key = (st.op, st.call.dtype)
+        points[key].append((st.call.flops, st.local_s))
+        if key not in largest or st.call.flops > largest[key].flops:
+            largest[key] = st.call
+    out = {}
+    for (op, dtype), c in sorted(largest.items()):
+        p = 2 if c.family == "fft" else 3
+        found = None
+        for i in range(-48, 49):  # 1/64x .. 64x in each dimension, 2^(1/8) apart
+            f = 2.0 ** (i / 8)
+            flops, b_in, b_out = c.flops * f ** p, c.bytes_in * f * f, c.bytes_out * f * f
+            here = flops / _rate(points[(op, dtype)], flops)
+            there = link.transfer_s(b_in, b_out) + dev.compute_s(op, c.family, dtype, flops, b_in + b_out)
+            if there < here:
+                found = (b_in, flops, i == -48)
+                break
+        key = f"{op}/{dtype}"
+        if found is None:
+            out[key] = {"bytes_in": None, "flops": None, "note": "not within 64x the largest recorded call"}
+        else:
+            out[key] = {"bytes_in": found[0], "flops": found[1],
+                        "note": "at or below 1/64 the largest recorded call" if found[2] else ""}
+    return out
+
+
+def _rate(points: list, flops: float) -> float:
+    pts = sorted((math.log(f), math.log(f / s)) for f, s in points)
+    lx = math.log(flops)
+    if lx <= pts[0][0]:
+        return math.exp(pts[0][1])
+    for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
+        if lx <= x1 and x1 > x0:
+            return math.exp(y0 + (y1 - y0) * (lx - x0) / (x1 - x0))
+    return math.exp(max(y for _, y in pts))
+
+
+def assumptions(dev: Device, link: Link, cold: bool, report: dict[str, Any],
+                sample: dict[str, Any] | None = None) -> list[str]:
+    sample = sample or {}
     below = sum((o.get("below_floor") or 0) for o in (report.get("ops") or {}).values())
     return [
         f"device {dev.name}: " + ("its measured self-benchmark curves" if dev.curves else
@@ -298,11 +451,18 @@ def assumptions(dev: Device, link: Link, cold: bool, report: dict[str, Any]) -> 
         f"link {link.name}: round trip {link.rtt_s * 1e6:.0f} us, {link.up_bps / 1e9:.3g}/{link.down_bps / 1e9:.3g} "
         f"GB/s up/down, {link.per_call_s * 1e6:.0f} us per call",
         "local times: as measured in the recorded run; calls it sent to its worker: the median measured local "
-        "rate of their op, else the planner's prediction",
+        "rate of their op, else the planner's prediction; each call of a site, op and size seen "
+        f"{SMOOTH_MIN}+ times: their median ({sample.get('local_smoothed', 0)} calls changed)",
         "worker " + (f"cold: ready {dev.cold_start_s:.3g} s into the program (auto computes here until then)"
                      if cold else "warm from the start (--cold counts its start)"),
         "the worker keeps inputs and results from 256 KiB up, within half its memory, least recently used "
         "out first; identity by buffer address while the array lives",
         f"calls the recorded run kept under its size floor ({below}) are not replayed (they stay here)",
-        "the program's own time between calls is as recorded; no overlap of calls, no noise",
+        "the program's own time between calls is as recorded; no overlap of calls",
+        f"the first call of an op class and dtype the worker's self-benchmark did not run adds "
+        f"{dev.first_call_s:.3g} s (handles, workspaces)",
+        (f"noise band: {NOISE_RUNS} replays, each kernel x lognormal({dev.noise:.2g}) and each transfer x "
+         f"lognormal({link.noise:.2g}); the totals shown are without noise" if dev.noise or link.noise else
+         "no run-to-run noise modelled for this device and link"),
+        "break-even: the op's largest recorded call scaled in each dimension, a cold upload each time",
     ]

@@ -65,3 +65,25 @@ def test_a_user_toml_adds_a_device_and_unknown_names_list_the_known(tmp_path):
     assert dev.compute_s("numpy.matmul", "products", "f8", 1e12, 0) == pytest.approx(1e-5 + 1e12 / (1e13 * 0.85))
     with pytest.raises(ValueError, match="h100-sxm"):
         hardware.device("nope", {})
+
+
+def test_the_tables_hold_every_named_device_and_link():
+    for name in ("h200", "h100-sxm", "h100-pcie", "a100", "l4", "rtx5090"):
+        dev = hardware.device(name, {})
+        assert dev.peak["f8"] > 0 and dev.mem_bps > 0 and dev.source and dev.noise > 0
+    for name in ("pcie4", "pcie4-pageable", "pcie5", "pcie5-pageable", "nvlink-c2c", "100gbe", "25gbe", "10gbe",
+                 "1gbe", "wan"):
+        assert hardware.link(name, {}).source
+    assert hardware.link("pcie4-pageable", {}).up_bps < hardware.link("pcie4", {}).up_bps
+
+
+def test_the_rtx5090_is_fast_in_fp32_and_slow_in_fp64():
+    dev = hardware.device("rtx5090", {})
+    f8 = dev.compute_s("numpy.matmul", "products", "f8", 1e12, 0)
+    f4 = dev.compute_s("numpy.matmul", "products", "f4", 1e12, 0)
+    assert f8 == pytest.approx(5e-6 + 1e12 / (1.64e12 * 0.85)) and f8 > 50 * f4
+
+
+def test_nvlink_c2c_moves_a_gigabyte_in_a_few_milliseconds():
+    link = hardware.link("nvlink-c2c", {})
+    assert link.transfer_s(1e9, 0) == pytest.approx(50e-6 + 5e-6 + 1e9 / 450e9)

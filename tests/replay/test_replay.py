@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 import fusion_shim
 from fusion_shim import ledger as ledger_mod
@@ -31,7 +32,7 @@ def test_auto_in_a_replay_decides_as_a_live_planner_fed_the_same_times():
     seen = []
     out = simulate.run_auto(steps, dev, link, on_decision=lambda call, d: seen.append((call, d)))
     # the same planner class, driven by hand with the times the replay fed it
-    live = simulate.make_planner({"numpy.matmul": "products"})
+    live = simulate.make_planner({"numpy.matmul": "products"}, simulate.RecordedCalibration(steps))
     live.worker_ready(0, dev.bench(), link.rtt_s + link.per_call_s, link.up_bps, link.down_bps)
     sim = simulate.WorkerSim(dev.memory / 2)
     mine = []
@@ -44,7 +45,7 @@ def test_auto_in_a_replay_decides_as_a_live_planner_fed_the_same_times():
         mine.append((st.call, d))
         if d.where == "worker":
             up = sim.up(st)
-            seconds, kernel = simulate.remote_s(st, dev, link, up)
+            seconds, kernel = simulate.remote_s(st, dev, link, up, sim)
             sim.ran(st)
             live.observed_remote(0, st.call, d, seconds, kernel, up, st.call.bytes_out)
         else:
@@ -136,3 +137,67 @@ def test_an_array_like_the_recording_cannot_read_is_an_event_never_an_exception(
     rec = Record("numpy.matmul", "products")
     led.trace_io(rec, (Odd(),), {}, None)
     assert rec.inputs is None and "not traced" in led.events[-1][1]
+
+
+def test_a_class_and_dtype_the_self_benchmark_did_not_run_pays_its_warm_up_once():
+    dev, link = hardware.device("h200", {}), hardware.link("pcie5", {})
+    call = Call("numpy.linalg.svd", "linalg", "f4", 1e9, 4 << 20, 4 << 20)
+    steps = [simulate.Step(i, "s.py:1", call.op, call, 0.1, 0.0, [(i, 4 << 20)], [(100 + i, 4 << 20)], 1.0)
+             for i in range(2)]
+    sim = simulate.WorkerSim(dev.memory / 2)
+    first = simulate.remote_s(steps[0], dev, link, 0, sim)[0]
+    sim.ran(steps[0])
+    second = simulate.remote_s(steps[1], dev, link, 0, sim)[0]
+    assert first - second == pytest.approx(dev.first_call_s)
+    products = [s for s in _steps() if s.call.flops > 1e9][0]  # benchmarked: warm from the start
+    assert simulate.remote_s(products, dev, link, 0, simulate.WorkerSim(1e9))[0] == pytest.approx(
+        simulate.remote_s(products, dev, link, 0)[0])
+
+
+def test_the_noise_band_brackets_the_noisy_replays_and_repeats_for_a_seed():
+    dev, link = hardware.device("l4", {}), hardware.link("wan", {})
+    steps = _steps()
+    band = simulate.noise_band(steps, dev, link)
+    assert set(band) == set(simulate.STRATEGIES)
+    lo, hi = band["remote"]
+    assert lo < hi  # the link's noise spreads the remote total
+    assert band["local"][0] == band["local"][1]  # local times are as recorded
+    assert simulate.noise_band(steps, dev, link) == band
+
+
+def test_break_even_is_where_the_modelled_worker_first_beats_this_host():
+    dev, link = hardware.device("h200", {}), hardware.link("10gbe", {})
+    steps = _steps()  # products at 20 GFLOP/s here
+    got = simulate.break_even(steps, dev, link)["numpy.matmul/f8"]
+    n = round((got["flops"] / 2) ** (1 / 3))
+    call = Call("numpy.matmul", "products", "f8", 2.0 * n**3, 2 * n * n * 8, n * n * 8)
+    there = link.transfer_s(call.bytes_in, call.bytes_out) + dev.compute_s(call.op, call.family, "f8", call.flops,
+                                                                            call.bytes_in + call.bytes_out)
+    assert there < call.flops / 20e9
+    smaller = got["flops"] / 2 ** (3 / 8)  # one step of the search below it
+    m = (smaller / 2) ** (1 / 3)
+    there = link.transfer_s(16 * m * m, 8 * m * m) + dev.compute_s(call.op, call.family, "f8", smaller, 24 * m * m)
+    assert there >= smaller / 20e9
+
+
+def test_the_replayed_planner_starts_calibrated_from_the_recorded_local_times():
+    steps = _steps()
+    cal = simulate.RecordedCalibration(steps)
+    pts = cal.get("products", "f8")
+    assert pts and all(s == pytest.approx(f / 20e9) for f, s in pts)
+    assert cal.get("fft", "f8") is None
+    planner = simulate.make_planner({"numpy.matmul": "products"}, cal)
+    dev, link = hardware.device("h200", {}), hardware.link("pcie5", {})
+    planner.worker_ready(0, dev.bench(), link.rtt_s + link.per_call_s, link.up_bps, link.down_bps)
+    big = steps[0].call
+    d = planner.decide(big, [WorkerState("ready", bytes_in=big.bytes_in)])
+    assert d.where == "worker" and d.local_s == pytest.approx(big.flops / 20e9, rel=0.05)
+
+
+def test_repeated_calls_of_a_site_take_their_median_local_time():
+    call = Call("numpy.matmul", "products", "f8", 1e7, 1 << 20, 1 << 19)
+    other = Call("numpy.matmul", "products", "f8", 2e7, 1 << 20, 1 << 19)
+    steps = [simulate.Step(i, "m.py:5", call.op, call, s, 0.0, [], [], 1.0) for i, s in enumerate((1e-3, 2e-3, 0.1))]
+    steps += [simulate.Step(3 + i, "m.py:5", other.op, other, s, 0.0, [], [], 1.0) for i, s in enumerate((1e-3, 0.1))]
+    assert simulate._smooth_local(steps) == 2
+    assert [st.local_s for st in steps] == [2e-3, 2e-3, 2e-3, 1e-3, 0.1]  # a pair is left as recorded

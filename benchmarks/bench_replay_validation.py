@@ -1,0 +1,95 @@
+"""The replay against reality (docs/replay.md, "Validation"): runs recorded here, replayed with the CPU
+worker's model (``--device cpu-worker``) over the measured loopback link, against the wall time each
+run measured. Target: within 20%.
+
+    python -m pytest benchmarks/bench_replay_validation.py --benchmark-only -s -n 0
+
+``examples/power_chain.py`` (``N``) runs ``ROUNDS`` times under ``--policy remote`` and under ``--policy
+auto`` against one warm ``fusion-shim worker --device cpu`` on an ipc socket, alternately; each run's
+report is replayed and its own policy's SIMULATED wall (the replay's ``wall_s``) compared with the
+report's measured ``wall_s``. The table printed is what RESULTS.md holds; the median error per
+policy is asserted.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "power_chain.py"
+N = "1536"
+ROUNDS = 3
+BOUND = 0.20
+
+
+def _env() -> dict:
+    return {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
+
+
+def _worker(url: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "fusion_shim", "worker", "--bind", url, "--device", "cpu"],
+                            stderr=subprocess.PIPE, text=True, env=_env())
+    deadline = time.monotonic() + 300
+    for line in proc.stderr:  # bound, then warm: the first client's hello waits for the warm-up
+        if "binding" in line or time.monotonic() > deadline:
+            break
+    return proc
+
+
+def _run(url: str, policy: str, report: Path) -> float:
+    done = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", policy, "--worker", url, "--quiet",
+                           "--report", str(report), str(EXAMPLE), N], capture_output=True, text=True, env=_env(),
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(report.read_text())["wall_s"]
+
+
+def _replayed(report: Path, policy: str) -> float:
+    done = subprocess.run([sys.executable, "-m", "fusion_shim", "replay", str(report), "--device", "cpu-worker",
+                           "--link", "loopback", "--json"], capture_output=True, text=True, env=_env(), timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)["wall_s"][policy]
+
+
+def test_replay_predicts_measured_runs_on_the_cpu_worker(benchmark):
+    work = Path(tempfile.mkdtemp(prefix="fs-rv-", dir="/tmp"))
+    url = f"ipc://{work}/w.sock"
+    proc = _worker(url)
+    rows: dict[str, list] = {"remote": [], "auto": []}
+    try:
+        _run(url, "remote", work / "warm.json")  # the worker's warm-up and the host's calibration, once
+
+        def rounds():
+            for i in range(ROUNDS):
+                for policy in ("remote", "auto"):
+                    report = work / f"{policy}-{i}.json"
+                    measured = _run(url, policy, report)
+                    rows[policy].append((measured, _replayed(report, policy)))
+
+        benchmark.pedantic(rounds, rounds=1, iterations=1)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    print(f"\nreplay validation ({EXAMPLE.name} {N}, CPU worker, loopback; SIMULATED against measured):")
+    print("| policy | measured wall (s) | SIMULATED wall (s) | error |")
+    print("|---|---|---|---|")
+    errors = {}
+    for policy, got in rows.items():
+        errs = [sim / meas - 1 for meas, sim in got]
+        errors[policy] = statistics.median(errs)
+        for (meas, sim), e in zip(got, errs):
+            print(f"| {policy} | {meas:.2f} | {sim:.2f} | {e:+.0%} |")
+    print("median error:", {p: f"{e:+.0%}" for p, e in errors.items()})
+    benchmark.extra_info.update({f"{p}_median_error": e for p, e in errors.items()})
+    for policy, e in errors.items():
+        assert abs(e) <= BOUND, f"{policy}: the replay is {e:+.0%} off the measured runs"

@@ -1,13 +1,17 @@
 """IPython: ``%load_ext fusion_shim``, then a ``%%fusion_shim [options]`` cell runs through the shim
-and prints the same summary for that cell's calls.
+and prints the same summary for that cell's calls, its header with the cell's own wall time.
 
-Options: ``--policy``, ``--worker``, ``--verify``, ``--timeout``, ``--strict`` as on the command line.
-The shim stays installed after the cell (for the next ones); a cell with other settings reinstalls it.
+Options: ``--policy``, ``--worker``, ``--verify``, ``--timeout``, ``--device``, ``--strict`` as on the
+command line. After the cell the shim it installed is uninstalled (D287), every patched function
+and operator restored exactly, and a shim that was in place before the cell is put back as it was;
+``--stay`` keeps the cell's shim installed for later cells. A shim already in place with the cell's
+settings is used, and left in place.
 """
 from __future__ import annotations
 
 import argparse
 import shlex
+import time
 from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, magics_class
@@ -18,6 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("--policy", "--worker", "--verify", "--timeout", "--device"):
         p.add_argument(name)
     p.add_argument("--strict", action="store_true", default=None)
+    p.add_argument("--stay", action="store_true", help="keep the shim installed after the cell")
     return p
 
 
@@ -25,29 +30,52 @@ def _parser() -> argparse.ArgumentParser:
 class FusionShimMagics(Magics):
     @cell_magic
     def fusion_shim(self, line: str, cell: str) -> Any:
-        from .intercept import active, install
+        from .intercept import install, installed_settings
+
+        opts = vars(_parser().parse_args(shlex.split(line)))
+        stay = opts.pop("stay")
+        settings = {k: v for k, v in opts.items() if v is not None}
+        before = installed_settings()
+        ours = before is None or any(str(getattr(before[0], k)) != str(v) for k, v in settings.items())
+        if ours:
+            install(quiet=True, **settings)
+        try:
+            self._run_and_report(cell)
+        finally:
+            if ours and not stay:
+                _restore(before)
+        return None  # run_cell has shown any error; the summary is printed either way
+
+    def _run_and_report(self, cell: str) -> None:
+        from .intercept import active
         from .ledger import Ledger
         from .report import build, format_table
 
-        opts = vars(_parser().parse_args(shlex.split(line)))
-        settings = {k: v for k, v in opts.items() if v is not None}
-        rt = active()
-        if rt is None or any(str(getattr(rt.config, k)) != str(v) for k, v in settings.items()):
-            rt = install(quiet=True, **settings)
         import numpy  # noqa: F401  (the shim wraps NumPy when it is imported)
 
         rt = active()
         start = len(rt.ledger.records)
         below = _below_floor(rt.ledger)
+        started = time.perf_counter()
         self.shell.run_cell(cell)
-        cell_ledger = Ledger()  # this cell's share: its records and its size-floor counts
-        cell_ledger.started = rt.ledger.started
+        cell_ledger = Ledger()  # this cell's share: its records, its size-floor counts, its wall time
+        cell_ledger.started = started
         for rec in rt.ledger.records[start:]:
             cell_ledger.add(rec)
         for name, n in _below_floor(rt.ledger).items():
             cell_ledger.fast_path[name][0] = n - below.get(name, 0)
         print(format_table(build(rt, cell_ledger)))
-        return None  # run_cell has shown any error; the summary is printed either way
+
+
+def _restore(before: Any) -> None:
+    """D287: the cell's shim uninstalled (what it patched put back exactly), then the one in place
+    before the cell, if any, installed again with its own settings."""
+    from .intercept import install, uninstall
+
+    uninstall()
+    if before is not None:
+        config, export_env = before
+        install(config, export_env=export_env)
 
 
 def _below_floor(ledger: Any) -> dict[str, int]:

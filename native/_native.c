@@ -11,7 +11,8 @@
  * Invariants:
  * - A trampoline calls NumPy's original at once unless both operands are exact ndarrays with one
  *   dimension or more, their input bytes reach the floor the planner publishes (set_floor), a
- *   callback is set, and this thread is not already inside the shim (tls_depth). Only then does it
+ *   callback is set, this thread is not already inside the shim or inside an intercepted call
+ *   (tls_depth), and the calling frame is not a library's own (set_libraries). Only then does it
  *   call the Python callback cb(a, b, out_or_None, kind), which returns the result, or LOCAL:
  *   "NumPy's original, here".
  * - Local computation always goes through NumPy's original C entry (here or through original()),
@@ -25,6 +26,11 @@
  *   reaches tramp_dot only through the shared descriptor, as a non-exact ndarray (pass-through).
  *   So NumPy's BINOP_GIVE_UP_IF_NEEDED, which compares the other operand's slot with its own
  *   function, decides as it would without the shim.
+ * - D285: an intercepted call is the program's only when made by the program: every call counted or
+ *   sent to the shim runs with tls_depth raised, so the calls NumPy and SciPy make inside it pass
+ *   through uncounted under every policy, and so do calls whose calling Python frame belongs to a
+ *   library (its module's __name__ is one of set_libraries' names or below one, but not in a
+ *   `tests` package: a library's own test suite is a program).
  * - All state is touched with the GIL held (CPython 3.10-3.12; no free-threaded build).
  */
 #define PY_SSIZE_T_CLEAN
@@ -43,7 +49,7 @@
 #define THREAD_LOCAL _Thread_local
 #endif
 
-#define INTERFACE 3  /* bump when the Python side's use of this module changes (loader checks it) */
+#define INTERFACE 4  /* bump when the Python side's use of this module changes (loader checks it) */
 enum { K_MATMUL = 0, K_IMATMUL = 1, K_DOT = 2 };
 #define DOT_FLAGS (METH_FASTCALL | METH_KEYWORDS)
 typedef PyObject *(*dotfunc)(PyObject *, PyObject *const *, Py_ssize_t, PyObject *);
@@ -57,7 +63,45 @@ static Py_ssize_t op_floor[3];                 /* each operator's own floor, whe
 static PyObject *callback;                     /* strong reference, or NULL */
 static PyObject *LOCAL;                        /* the callback's "compute it here" answer */
 static Py_ssize_t below_floor[3];              /* calls kept local by the floor, per kind */
-static THREAD_LOCAL int tls_depth;             /* > 0 while this thread runs the shim's Python path */
+static THREAD_LOCAL int tls_depth;             /* > 0 while this thread runs the shim or an intercepted call */
+static PyObject *libraries;                    /* tuple of module names whose frames' calls pass through */
+static PyObject *last_name;                    /* the caller module name last classified (strong), and: */
+static int last_is_library;
+static PyObject *str_name;                     /* "__name__", interned */
+static PyObject *tests_dot, *tests_end;        /* ".tests." and ".tests": a library's test modules */
+
+/* 1 when the calling Python frame's module is a library's own (numpy, scipy, or below them). */
+static int library_caller(void)
+{
+    PyObject *globals = PyEval_GetGlobals();  /* borrowed; the innermost Python frame's */
+    if (globals == NULL || libraries == NULL) {
+        return 0;
+    }
+    PyObject *name = PyDict_GetItemWithError(globals, str_name);  /* borrowed */
+    if (name == NULL || !PyUnicode_Check(name)) {
+        PyErr_Clear();
+        return 0;
+    }
+    if (name == last_name) {
+        return last_is_library;
+    }
+    int found = 0;
+    Py_ssize_t n = PyUnicode_GET_LENGTH(name);
+    for (Py_ssize_t i = 0; !found && i < PyTuple_GET_SIZE(libraries); i++) {
+        PyObject *lib = PyTuple_GET_ITEM(libraries, i);
+        Py_ssize_t k = PyUnicode_GET_LENGTH(lib);
+        found = n >= k && PyUnicode_Tailmatch(name, lib, 0, k, -1) == 1
+                && (n == k || PyUnicode_READ_CHAR(name, k) == '.');
+    }
+    if (found) {  /* a library's own test suite is a program that calls it */
+        found = !(tests_dot != NULL && PyUnicode_Find(name, tests_dot, 0, n, 1) >= 0)
+                && !(tests_end != NULL && PyUnicode_Tailmatch(name, tests_end, 0, n, 1) == 1);
+        PyErr_Clear();
+    }
+    Py_XSETREF(last_name, Py_NewRef(name));
+    last_is_library = found;
+    return found;
+}
 
 static inline Py_ssize_t nbytes(PyArrayObject *a)
 {
@@ -73,7 +117,8 @@ static inline int wanted(PyObject *a, PyObject *b, int kind)
 {
     if (floor_bytes < 0 || tls_depth || callback == NULL
             || Py_TYPE(a) != &PyArray_Type || Py_TYPE(b) != &PyArray_Type
-            || PyArray_NDIM((PyArrayObject *)a) == 0 || PyArray_NDIM((PyArrayObject *)b) == 0) {
+            || PyArray_NDIM((PyArrayObject *)a) == 0 || PyArray_NDIM((PyArrayObject *)b) == 0
+            || library_caller()) {
         return 0;  /* 0-d operands: an error for @, a scalar multiply for .dot; NumPy's alone */
     }
     Py_ssize_t floor = op_floor[kind] > floor_bytes ? op_floor[kind] : floor_bytes;
@@ -101,12 +146,16 @@ static PyObject *call_python(PyObject *a, PyObject *b, PyObject *out, int kind)
     return res;
 }
 
+/* NumPy's own entry with the depth raised: nothing it calls back into is counted (D285). */
+#define INSIDE(call) (tls_depth++, res = (call), tls_depth--, res)
+
 static PyObject *tramp_matmul(PyObject *a, PyObject *b)
 {
+    PyObject *res;
     if (!wanted(a, b, K_MATMUL)) {
-        return orig_matmul(a, b);
+        return INSIDE(orig_matmul(a, b));
     }
-    PyObject *res = call_python(a, b, NULL, K_MATMUL);
+    res = call_python(a, b, NULL, K_MATMUL);
     if (res == LOCAL) {
         Py_DECREF(res);
         return orig_matmul(a, b);
@@ -116,10 +165,11 @@ static PyObject *tramp_matmul(PyObject *a, PyObject *b)
 
 static PyObject *tramp_imatmul(PyObject *a, PyObject *b)
 {
+    PyObject *res;
     if (!wanted(a, b, K_IMATMUL)) {
-        return orig_imatmul(a, b);
+        return INSIDE(orig_imatmul(a, b));
     }
-    PyObject *res = call_python(a, b, NULL, K_IMATMUL);
+    res = call_python(a, b, NULL, K_IMATMUL);
     if (res == LOCAL) {
         Py_DECREF(res);
         return orig_imatmul(a, b);
@@ -155,10 +205,11 @@ static PyObject *tramp_dot(PyObject *self, PyObject *const *args, Py_ssize_t nar
     if (out == Py_None) {
         out = NULL;
     }
+    PyObject *res;
     if (!wanted(self, args[0], K_DOT)) {
-        return orig_dot(self, args, nargs, kwnames);
+        return INSIDE(orig_dot(self, args, nargs, kwnames));
     }
-    PyObject *res = call_python(self, args[0], out, K_DOT);
+    res = call_python(self, args[0], out, K_DOT);
     if (res == LOCAL) {
         Py_DECREF(res);
         return orig_dot(self, args, nargs, kwnames);
@@ -380,6 +431,30 @@ static PyObject *m_leave(PyObject *mod, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* set_libraries(names): calls from frames of these modules, or modules below them, pass through. */
+static PyObject *m_set_libraries(PyObject *mod, PyObject *arg)
+{
+    if (!PyTuple_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "set_libraries takes a tuple of module names");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(arg); i++) {
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(arg, i))) {
+            PyErr_SetString(PyExc_TypeError, "set_libraries takes a tuple of module names");
+            return NULL;
+        }
+    }
+    Py_XSETREF(libraries, Py_NewRef(arg));
+    Py_CLEAR(last_name);
+    Py_RETURN_NONE;
+}
+
+/* library_caller(): whether the calling frame is a library's (for tests). */
+static PyObject *m_library_caller(PyObject *mod, PyObject *unused)
+{
+    return PyBool_FromLong(library_caller());
+}
+
 static PyObject *m_counts(PyObject *mod, PyObject *unused)
 {
     return Py_BuildValue("(nnn)", below_floor[0], below_floor[1], below_floor[2]);
@@ -410,7 +485,8 @@ static PyObject *fastcall_vectorcall(PyObject *op, PyObject *const *args, size_t
 {
     FastCall *self = (FastCall *)op;
     Py_ssize_t floor = floor_bytes;
-    if (floor < 0 || tls_depth) {
+    PyObject *res;
+    if (floor < 0 || tls_depth || library_caller()) {
         return PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
     }
     if (self->floor > floor) {
@@ -426,11 +502,11 @@ static PyObject *fastcall_vectorcall(PyObject *op, PyObject *const *args, size_t
         }
         if (total < floor) {
             self->below++;
-            return PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames);
+            return INSIDE(PyObject_Vectorcall(self->wrapped, args, nargsf, kwnames));
         }
     }
     tls_depth++;
-    PyObject *res = PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
+    res = PyObject_Vectorcall(self->slow, args, nargsf, kwnames);
     tls_depth--;
     return res;
 }
@@ -639,6 +715,8 @@ static PyMethodDef methods[] = {
     {"entries", m_entries, METH_NOARGS, "((@, @=, dot) now, (@, @=) in the slot wrappers), as addresses."},
     {"enter", m_enter, METH_NOARGS, "This thread bypasses the shim until leave()."},
     {"leave", m_leave, METH_NOARGS, "Undo one enter()."},
+    {"set_libraries", m_set_libraries, METH_O, "Module names whose frames' calls pass through uncounted."},
+    {"library_caller", m_library_caller, METH_NOARGS, "Whether the calling frame is a library's own."},
     {"counts", m_counts, METH_NOARGS, "Calls kept local by the floor: (@, @=, .dot)."},
     {"reset_counts", m_reset_counts, METH_NOARGS, "Zero the floor counters (after fork)."},
     {"proxy_type", m_proxy_type, METH_O, "A proxy class over wrapt's C ObjectProxy, called by vectorcall."},
@@ -663,6 +741,12 @@ PyMODINIT_FUNC PyInit__native(void)
     }
     if (LOCAL == NULL) {
         LOCAL = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
+    }
+    if ((str_name == NULL && (str_name = PyUnicode_InternFromString("__name__")) == NULL)
+            || (tests_dot == NULL && (tests_dot = PyUnicode_FromString(".tests.")) == NULL)
+            || (tests_end == NULL && (tests_end = PyUnicode_FromString(".tests")) == NULL)) {
+        Py_DECREF(m);
+        return NULL;
     }
     if (LOCAL == NULL || PyModule_AddObjectRef(m, "LOCAL", LOCAL) < 0
             || PyModule_AddObjectRef(m, "FastCall", (PyObject *)&FastCall_Type) < 0

@@ -113,3 +113,39 @@ def lower_priority(pid: int) -> None:
         os.setpriority(os.PRIO_PROCESS, pid, 19)
     except (AttributeError, OSError):
         pass
+
+
+def boot_phase(pid: int, url: str, exited: "int | None", last_line: "str | None") -> str:
+    """D286: where an embedded worker that is not ready is in its start, seen from outside: exited
+    (with its log's last line), importing torch (it binds its socket only after), or taking its
+    self-benchmark (bound; hellos wait for it); with the CPU time it has had, and its priority."""
+    if exited is not None:
+        return f"exited with status {exited}" + (f": {last_line}" if last_line else "")
+    path = url[len("ipc://"):] if url.startswith("ipc://") else None
+    if path is not None and not os.path.exists(path):
+        phase = "importing torch (not listening yet)"
+    else:
+        phase = "self-benchmark running (listening; hellos wait for it)"
+    cpu = _cpu_seconds(pid)
+    if cpu is not None:
+        phase += f", {cpu:.1f}s of CPU so far"
+    if _idle_priority(pid):
+        phase += ", at idle priority: it runs only on CPU time nothing else on this host wants"
+    return phase
+
+
+def _cpu_seconds(pid: int) -> "float | None":
+    """User and system CPU time of ``pid`` (Linux ``/proc``); None where unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rpartition(b")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _idle_priority(pid: int) -> bool:
+    try:
+        return os.sched_getscheduler(pid) == os.SCHED_IDLE
+    except (AttributeError, OSError):
+        return False

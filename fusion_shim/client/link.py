@@ -465,6 +465,15 @@ class WorkerLink:
             return None
         return lines[-1].strip()[:200] if lines else None
 
+    def not_ready_why(self) -> str | None:
+        """Why this worker is not ready now, for the report (None: it is)."""
+        if self.state == "ready" or self.ready.is_set():
+            return None
+        if self.embedded and self.proc is not None and os.getpid() == self.owner:
+            code = self.proc.poll()
+            return embedded.boot_phase(self.proc.pid, self.url or "", code, self._exit_reason() if code else None)
+        return None if self.state != "starting" else f"no answer yet to the hello sent to {self.url}"
+
     def wait_ready(self, timeout: float, while_starting: bool = False) -> bool:
         """Wait for readiness up to ``timeout``; False at once when there is no hope (stopped, or an
         embedded worker dead with no restart left), or with ``while_starting`` once the worker is

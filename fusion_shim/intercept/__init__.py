@@ -45,6 +45,8 @@ if TYPE_CHECKING:  # numpy and zmq load when numpy does, not when the bootstrap 
 # Modules whose import wraps catalog rows (each row's OpSpec.trigger): named here so that install()
 # need not import the catalog (and NumPy) early; a test holds this list to the catalog's triggers.
 TRIGGERS = ("numpy", "scipy.linalg", "scipy.fft")
+# D285: a call made from these packages' own frames (their tests' aside) is theirs, not the program's
+LIBRARIES = ("numpy", "scipy")
 
 
 class _Installation:
@@ -108,6 +110,12 @@ def install(config: Config | None = None, *, export_env: bool = False,
 
             inst.stage_marks = Marks(config.stages, _event)
         return inst.runtime or inst
+
+
+def installed_settings() -> tuple[Config, bool] | None:
+    """(Config, export_env) of the install in place, NumPy imported or not; None when none is."""
+    inst = _installed
+    return None if inst is None else (inst.config, inst.export_env)
 
 
 def uninstall() -> None:
@@ -250,6 +258,7 @@ def _wrap_numpy() -> Runtime | None:
         for name in TRIGGERS[1:]:  # imported before NumPy's hook ran (its own hook returned early)
             if name in sys.modules:
                 _patch_rows(inst, name)
+        native.publish_libraries(LIBRARIES)
         # policy local: every call below an unreachable floor, counted (what the report considers)
         native.publish_floor(NEVER if rt.local_only else rt.floor_bytes)
         ok, why = native.install_operators(rt)
@@ -364,10 +373,25 @@ def _make_wrapper(spec: "OpSpec", rt: "Runtime", slow: Callable) -> Callable:
     """The fast path in Python, for a wrapt FunctionWrapper (no C extension, or FUSION_SHIM_NATIVE=0)."""
     from numpy import ndarray
 
+    from ..client import GUARD
+
     below_floor = rt.ledger.fast_path[spec.name]  # a list cell: counting costs one add
     floor_cell = rt.floor_cell(spec.name)  # this op's floor, kept current by the planner
+    getframe = sys._getframe
 
     def _intercepted(wrapped: Callable, instance: Any, args: tuple, kwargs: dict) -> Any:
+        # D285: inside an intercepted call, in the shim's own work, or called by a library's own
+        # frame: not the program's call, NumPy's function untouched and uncounted
+        if getattr(GUARD, "inside", False) or getattr(GUARD, "busy", False) \
+                or _library_module(getframe(1).f_globals.get("__name__")):
+            return wrapped(*args, **kwargs)
+        GUARD.inside = True
+        try:
+            return _outer(wrapped, args, kwargs)
+        finally:
+            GUARD.inside = False
+
+    def _outer(wrapped: Callable, args: tuple, kwargs: dict) -> Any:
         if rt.local_only:  # policy local, or shut down: counted, computed here
             below_floor[0] += 1
             return wrapped(*args, **kwargs)
@@ -390,3 +414,11 @@ def _make_wrapper(spec: "OpSpec", rt: "Runtime", slow: Callable) -> Callable:
         return slow(*args, **kwargs)
 
     return _intercepted
+
+
+def _library_module(name: Any) -> bool:
+    """Whether module ``name`` is one of LIBRARIES or below one (as C's library_caller decides)."""
+    if type(name) is not str:
+        return False
+    # a library's own test suite (numpy.linalg.tests) is a program that calls it
+    return name.partition(".")[0] in LIBRARIES and ".tests." not in name and not name.endswith(".tests")

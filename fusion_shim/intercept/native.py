@@ -19,9 +19,11 @@ The floor is one number in C, published by :func:`publish_floor`: ``-1`` passes 
 operator also holds its own op's floor, used where it is above that one. The runtime publishes them
 again whenever the planner refreshes a floor.
 
-Re-entrancy: C raises a per-thread depth while the shim's Python path runs on that thread, so that
-the shim's own NumPy work and NumPy's internals never come back into a trampoline or fast path;
-the runtime's ``guard`` covers the shim's own threads (calibration) as before.
+Re-entrancy (D285): C raises a per-thread depth while the shim's Python path or an intercepted
+call's NumPy function runs on that thread, so that the shim's own NumPy work and the calls NumPy
+and SciPy make inside an intercepted call are never counted nor decided; a call whose calling
+frame belongs to a library (:func:`publish_libraries`) passes through as well. The runtime's
+``guard`` covers the shim's own threads (calibration) as before.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from . import wrappers
 if TYPE_CHECKING:
     from ..client.runtime import Runtime
 
-INTERFACE = 3  # must equal the extension's INTERFACE (native/_native.c)
+INTERFACE = 4  # must equal the extension's INTERFACE (native/_native.c)
 _native: Any = None
 LOAD_ERROR: str | None = None
 _loaded = False
@@ -71,6 +73,12 @@ def publish_floor(floor_bytes: int) -> None:
     """The floor both C paths compare with: input bytes of exact ndarrays; -1 passes everything."""
     if _native is not None:
         _native.set_floor(int(floor_bytes))
+
+
+def publish_libraries(names: tuple[str, ...]) -> None:
+    """D285: calls from frames of these modules (or modules below them) are the library's, not the program's."""
+    if _native is not None:
+        _native.set_libraries(tuple(names))
 
 
 def publish_op_floors(floors: tuple[int, int, int]) -> None:

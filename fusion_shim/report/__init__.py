@@ -5,7 +5,7 @@ link or device (:mod:`fusion_shim.report.whatif`).
 JSON schema ``fusion_shim.report/1`` (a map):
 
 - ``schema``: ``"fusion_shim.report/1"``; ``pid``; ``argv``; ``policy``; ``verify`` (the fraction of
-  worker answers checked); ``wall_s`` (seconds from install to the report);
+  worker answers checked); ``wall_s`` (seconds from install to the report; a notebook cell's: the cell's own);
 - ``worker``: ``url``, ``embedded``, ``state``, ``ready_after_s`` (null if never), ``restarts``,
   ``info`` (the worker's ``ready`` reply: pid, device, torch version, self-benchmark in GFLOP/s);
   ``cpu_start`` where an embedded worker was deferred on a host without a GPU: why it did not
@@ -103,6 +103,9 @@ if TYPE_CHECKING:  # D123: the views are for the checker; a Protocol class costs
         bytes_sent: int
         bytes_received: int
 
+        def not_ready_why(self) -> str | None:
+            """Why the worker is not ready now (None: it is)."""
+
     class RunView(Protocol):
         """What the report reads of a run (client.runtime.Runtime); it reads only what the run made."""
         config: Config
@@ -135,6 +138,7 @@ def build(rt: RunView, ledger: Ledger | None = None) -> dict[str, Any]:
     worker = None if link is None else {
         "url": link.url, "embedded": link.embedded, "state": link.state,
         "ready_after_s": link.ready_after_s, "restarts": link.restarts, "info": link.info,
+        "not_ready": link.not_ready_why(),  # D286: where a worker that is not ready is in its start
     }
     if link is None and rt.deferred:
         worker = _deferred_worker()
@@ -147,7 +151,7 @@ def build(rt: RunView, ledger: Ledger | None = None) -> dict[str, Any]:
         "argv": list(sys.argv),
         "policy": rt.config.policy,
         "verify": rt.config.verify,
-        "wall_s": rt.ledger.now(),
+        "wall_s": (ledger or rt.ledger).now(),  # a cell's share: the cell's own time
         "operators": dict(rt.operators),
         "worker": worker,
         **snap,
@@ -372,7 +376,7 @@ def _title(report: dict[str, Any]) -> str:
     else:
         info = w.get("info") or {}
         ready = (f"ready after {w['ready_after_s']:.2f}s" if w.get("ready_after_s") is not None
-                 else f"never ready ({w.get('state')})")
+                 else f"never ready ({w.get('state')}" + (f": {w['not_ready']}" if w.get("not_ready") else "") + ")")
         where = f"worker {w['url']} ({info.get('device', '?')}, {ready})"
         if w.get("state") == "deferred":
             where = "embedded worker deferred (no GPU on this host)"

@@ -409,17 +409,16 @@ def test_bypassed_nests_and_restores(shim):
 
 # -- calls made inside libraries -------------------------------------------------------------------
 
-def test_calls_inside_scipy_are_intercepted(shim):
+def test_calls_inside_scipy_are_scipys_and_pass_through(shim):
     from scipy.sparse.linalg import aslinearoperator
 
     A, X = rand((40, 30)), rand((30, 5), seed=1)
     with bypassed():
         want = A.dot(X)
     n = len(op_records(shim))
-    got = aslinearoperator(A).matmat(X)  # scipy's MatrixLinearOperator._matmat: self.A.dot(X)
+    got = aslinearoperator(A).matmat(X)  # scipy's MatrixLinearOperator._matmat: self.A.dot(X) (D285)
     same(got, want)
-    (rec,) = [r for r in op_records(shim)[n:] if r.op == DOT]
-    assert rec.kind == "worker" and f"{Path('scipy')}" in rec.site, rec.site
+    assert [r for r in op_records(shim)[n:] if r.op == DOT] == []
 
 
 def test_calls_inside_another_module_are_intercepted(shim, tmp_path):

@@ -53,8 +53,18 @@ def test_the_example_run_as_a_module_with_stage_prints_what_plain_python_prints(
 def test_a_run_with_stages_leaves_no_stage_directory_behind(tmp_path):
     """The embedded worker is stopped by SIGTERM at the program's exit; its stage processes'
     directories go with it (D187)."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    tmp = Path(tempfile.mkdtemp(prefix="fs-", dir="/tmp"))  # short: the worker's socket lies under it
+    try:
+        _run_in(tmp, tmp_path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _run_in(tmp, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
     shim = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", "remote", "--quiet", "--stage",
                            "__main__:chain", "--report", str(tmp_path / "run.json"), str(EXAMPLE), "128"],

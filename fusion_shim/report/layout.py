@@ -33,7 +33,7 @@ def counts(o: dict[str, Any]) -> dict[str, int]:
 
 
 def bottom_words(line: str, worker: dict[str, Any] | None) -> str:
-    """The plain-words line, its wait named for what it was: warming only where a worker became ready."""
+    """The plain-words line, its wait named for what it was: warming only where a worker became ready (D282)."""
     if worker is None or worker.get("ready_after_s") is None:
         return line.replace(WARM, NEVER_READY)
     return line

@@ -98,7 +98,8 @@ def n(x: int) -> str:
 def mb(x: float) -> str:
     if not x:
         return "-"
-    return f"{x / 1e3:.1f}kB" if x < 1e5 else f"{x / 1e6:.1f}MB" if x < 1e9 else f"{x / 1e9:.1f}GB"
+    return f"{x / 1e3:.1f}kB" if x < 1e5 else f"{x / 1e6:.1f}MB" if x < 1e8 else f"{x / 1e6:.0f}MB" if x < 1e9 \
+        else f"{x / 1e9:.1f}GB"
 
 
 def ms(s: float | None) -> str:
@@ -169,14 +170,15 @@ def summary(report: dict[str, Any], sm: dict[str, Any]) -> list[str]:
 def time_line(report: dict[str, Any], sm: dict[str, Any]) -> str:
     c = sm["calls"]
     here = c.get("local", 0) + c.get("unsupported", 0) + c.get("fallback", 0) + c.get("raised", 0)
-    parts = [f"worker path {ms(sm['time_on_worker_path_s'])} ({n(c['worker'])} calls)",
-             f"here {ms(sm['time_computed_here_s'])} ({n(here)} calls)"]
+    parts = [f"worker path {ms(sm['time_on_worker_path_s'])} ({n(c['worker'])} calls)"]
+    if here or sm["time_computed_here_s"]:
+        parts.append(f"here {ms(sm['time_computed_here_s'])} ({n(here)} calls)")
     worker = report.get("worker")
     if sm.get("time_waiting_for_cold_worker_s"):
-        what = "cold worker" if worker and worker.get("ready_after_s") is not None else "a worker never ready"
-        parts.append(f"waiting for {what} {ms(sm['time_waiting_for_cold_worker_s'])}")
+        what = "cold-worker wait" if worker and worker.get("ready_after_s") is not None else "wait for a worker never ready"
+        parts.append(f"{what} {ms(sm['time_waiting_for_cold_worker_s'])}")
     if c.get("verified"):
-        parts.append(f"checks {ms(sm['time_checking_s'])} ({n(c['verified'])}, {n(c['mismatches'])} differed)")
+        parts.append(f"checks {ms(sm['time_checking_s'])} ({n(c['verified'])} answers, {n(c['mismatches'])} differed)")
     return listed("  time: ", parts)
 
 
@@ -190,11 +192,11 @@ def bytes_line(sm: dict[str, Any]) -> str | None:
         parts.append(f"via shm {mb(sm['shm_sent'])}/{mb(sm['shm_received'])}")
     res = sm.get("residency") or {}
     if res.get("resident_hits") or res.get("resends") or res.get("evictions"):
-        parts.append(f"{n(res['resident_hits'])} inputs resident ({mb(res['bytes_saved'])} not sent)")
+        parts.append(f"{n(res['resident_hits'])} resident ({mb(res['bytes_saved'])} not sent)")
     return listed("  moved: ", parts)
 
 
-PART_NAMES = {"waiting_for_worker_s": "wait", "calls_run_here_s": "here", "worker_calls_s": "worker calls",
+PART_NAMES = {"waiting_for_worker_s": "wait", "calls_run_here_s": "here", "worker_calls_s": "worker",
               "checks_s": "checks", "startup_s": "start-up"}
 
 
@@ -285,7 +287,7 @@ def notes(report: dict[str, Any], sm: dict[str, Any]) -> list[str]:
         lines.append("  top call sites: " + ("" if len(sites) <= TOP_SITES else MORE.format(n=len(sites) - TOP_SITES)))
         for s in sites[:TOP_SITES]:
             lines.append(clip(f"    {ms(s['wall_s']):>8} {n(s['calls']):>5} calls ({n(s['worker'])} on the worker) "
-                              f"{s['op'].removeprefix('numpy.')} {_tail(s['site'], 40)}"))
+                              f"{s['op'].removeprefix('numpy.')} {_short_site(s['site'])}"))
     reasons = sorted(((k, name, r) for name, o in report["ops"].items() for r, k in o["reasons"].items()),
                      key=lambda x: -x[0])
     if reasons:
@@ -296,8 +298,10 @@ def notes(report: dict[str, Any], sm: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _tail(text: str, keep: int) -> str:
-    return text if len(text) <= keep else "…" + text[-(keep - 1):]
+def _short_site(site: str) -> str:
+    """file:line with its file's directory and name only (--full has the whole path)."""
+    parts = site.split("/")
+    return site if len(parts) <= 3 else "…/" + "/".join(parts[-2:])
 
 
 def _kind(text: str) -> str:
@@ -351,9 +355,11 @@ Summary (at most 6 lines):
                       was ready; checks: the sampled checks' local recompute (kept out of the rest)
   moved               bytes through the socket (headers included), through shared memory (a
                       worker on this host), and inputs the worker already held (not moved)
-  vs plain            what the shim added to the run's time against plain NumPy, by part, the
-                      largest first: measured, or ESTIMATED from the planner's prediction where
-                      no check measured NumPy's own time for a worker call
+  vs plain            what the shim added to the run's time against plain NumPy (negative: saved),
+                      by part, the largest first: wait (for a cold worker), here (deciding and
+                      preparing calls that then ran here), worker (the worker's calls over NumPy's
+                      time for them), checks, start-up; ESTIMATED: the share priced from the
+                      planner's prediction where no check measured NumPy's own time
   shim start-up       the shim's own start: at start (bootstrap, launcher, interception at NumPy's
                       import) and on first need (planner, worker links, call path)
 

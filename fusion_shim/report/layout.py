@@ -146,7 +146,7 @@ def title(report: dict[str, Any]) -> str:
     else:
         device = (w.get("info") or {}).get("device", "?")
         ready = (f"ready {w['ready_after_s']:.2f}s" if w.get("ready_after_s") is not None
-                 else f"never ready: {w.get('state')}")
+                 else f"never ready: {w.get('state')}" + (f", {w['not_ready']}" if w.get("not_ready") else ""))
         where = f"{short_url(w.get('url'))} ({device}, {ready})"
     return f"fusion_shim report · pid {report['pid']}, policy {report['policy']}, wall {report['wall_s']:.2f}s, {where}"
 

@@ -40,9 +40,10 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 
 
-def report(format="text"):
-    """The report of the running shim so far: the table printed at exit (``format="text"``), or the
-    map ``--report`` writes (``format="json"``); None where the shim is not installed."""
+def report(format="text", full=False):
+    """The report of the running shim so far: the table printed at exit (``format="text"``; ``full``:
+    the wide table, every event and floor, as ``fusion-shim report --full``), or the map
+    ``--report`` writes (``format="json"``); None where the shim is not installed."""
     if format not in ("text", "json"):
         raise ValueError(f"format must be 'text' or 'json', not {format!r}")
     from . import intercept
@@ -52,7 +53,7 @@ def report(format="text"):
     if rt is None:
         return None
     built = build(rt)
-    return built if format == "json" else format_table(built)
+    return built if format == "json" else format_table(built, full=full)
 
 
 _PREFIX = "FUSION_SHIM_"  # config.PREFIX, not imported: config loads dataclasses

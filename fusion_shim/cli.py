@@ -5,7 +5,7 @@
     fusion-shim worker --bind URL [--device auto|cpu|cuda:N] [--keys DIR | --insecure]
     fusion-shim keys DIR [--client NAME ...]
     fusion-shim pool up|status|down [--ray ADDRESS] [...]
-    fusion-shim report run.json
+    fusion-shim report run.json [--full | --explain]
     fusion-shim config [options] [app.py | DIR]
 
 The program sees what plain ``python`` would give it: ``sys.argv``, ``__name__ == "__main__"``,
@@ -26,7 +26,7 @@ usage: python -m fusion_shim [options] (app.py | -m module) [args...]
        fusion-shim worker --bind URL [--device auto|cpu|cuda:N] [--keys DIR | --insecure]
        fusion-shim keys DIR [--client NAME ...]
        fusion-shim pool up|status|down [--ray ADDRESS] [--workers N] [--name NAME]   (docs/pool.md)
-       fusion-shim report run.json [--what-if bandwidth=B,rtt=S,speedup=X] [--trace PATH]
+       fusion-shim report run.json [--full | --explain] [--what-if bandwidth=B,rtt=S,speedup=X] [--trace PATH]
        fusion-shim replay run.json --device NAME --link NAME   a SIMULATED run on other hardware (docs/replay.md)
        fusion-shim calibrate        measure this machine's local speed now and cache it
        fusion-shim config [options] [app.py | DIR]   the settings in force there, and where each came from
@@ -457,6 +457,9 @@ def report_main(argv: list[str]) -> int:
     parser.add_argument("--what-if", metavar="KEY=VALUE,...",
                         help="re-price the run under another link/device (an estimate): bandwidth=B/s, rtt=s, speedup=x")
     parser.add_argument("--trace", metavar="PATH", help="also write its Chrome-trace timeline to PATH")
+    parser.add_argument("--full", action="store_true",
+                        help="the wide table (every phase), every event and every op's floor")
+    parser.add_argument("--explain", action="store_true", help="the table, then what each column and figure means")
     opts = parser.parse_args(argv)
     from .report import format_table, load
 
@@ -467,7 +470,11 @@ def report_main(argv: list[str]) -> int:
 
             profile = LinkProfile.parse(opts.what_if)
         report = load(opts.path)
-        print(format_table(report))
+        print(format_table(report, full=opts.full))
+        if opts.explain:
+            from .report.layout import EXPLAIN
+
+            print("\n" + EXPLAIN, end="")
         if opts.trace:
             from .report.trace import write_trace
 

@@ -53,7 +53,9 @@ class Record:
         self.site = site
         self.shapes = [] if shapes is None else shapes
         self.dtypes = [] if dtypes is None else dtypes
-        self.kind = kind                # "worker" | "local" (decided) | "unsupported" | "fallback"
+        # "worker" | "local" (decided) | "unsupported" | "fallback" | "raised" (NumPy raised the
+        # program's own error here: never a fallback)
+        self.kind = kind
         self.reason = reason
         self.predicted_local_s = predicted_local_s
         self.predicted_remote_s = predicted_remote_s
@@ -141,7 +143,7 @@ def _is_library(filename: str) -> bool:
 
 
 class Ledger:
-    def __init__(self, trace_io: bool = False) -> None:
+    def __init__(self, trace_io: bool = False, unready: bool = False) -> None:
         self.lock = _thread.allocate_lock()
         # with a JSON report: each recorded call's inputs and results as buffer tokens (a replay's residency)
         self.tracing = trace_io
@@ -154,6 +156,9 @@ class Ledger:
         # calls kept local by the size floor: one list cell per op, bumped by the interceptor's
         # fast path without a lock or a lookup (a count, not a record; see intercept)
         self.fast_path: dict[str, list[int]] = defaultdict(lambda: [0])
+        # unready: every floor is NEVER until a worker is first ready (policy auto): the fast path's
+        # counts until then are calls no worker was ready for, not calls below a floor (worker_ready)
+        self.unready: dict[str, int] | None = None if unready else {}
         self.events: list[tuple[float, str]] = []  # worker lifecycle: started, ready, faults
         # the same counts kept in C (the trampolines and the C fast path): (read, reset),
         # read() -> {op: calls kept local by the floor}
@@ -175,6 +180,8 @@ class Ledger:
             self.events.clear()
             for cell in self.fast_path.values():
                 cell[0] = 0  # the same cells: the interceptor's wrappers hold them
+            if self.unready is not None:
+                self.unready = {}  # a worker was ready: what is counted from now on is below a floor
 
     def reset_after_fork(self) -> None:
         """A forked child reports its own calls, not its parent's: start afresh (a new lock too,
@@ -182,6 +189,13 @@ class Ledger:
         self.lock = _thread.allocate_lock()
         self.clear()
         self.startup = {}  # the parent paid for what it loaded; the child's own first needs count
+
+    def worker_ready(self) -> None:
+        """A worker is ready for the first time: the fast path's counts so far were made while none
+        was (kept apart as ``no_worker``); those from now on are calls below a floor."""
+        with self.lock:
+            if self.unready is None:
+                self.unready = self._below_locked()
 
     def add_startup(self, phase: str, seconds: float) -> None:
         with self.lock:
@@ -227,7 +241,7 @@ class Ledger:
             if rec.verify is not None:
                 agg["verified"] += 1
                 agg["mismatches"] += rec.verify != "ok"
-            if rec.kind in ("unsupported", "fallback"):
+            if rec.kind in ("unsupported", "fallback", "raised"):
                 agg["reasons"][f"{rec.kind}: {rec.reason}"] += 1
             key = (rec.site, rec.op)
             site = self.sites.get(key)
@@ -257,14 +271,22 @@ class Ledger:
         ops = {}
         for name, agg in sorted(self.ops.items()):
             ops[name] = {**agg, "reasons": dict(agg["reasons"]), "phases": _phase_sums(agg["phases"])}
+        below = self._below_locked()
+        unready = below if self.unready is None else self.unready
+        for name, n in below.items():
+            if n:
+                op = ops.setdefault(name, {**_new_op(), "reasons": {}, "phases": {}})
+                op["no_worker"] = min(unready.get(name, 0), n)
+                op["below_floor"] = n - op["no_worker"]
+        return ops
+
+    def _below_locked(self) -> dict[str, int]:
+        """The fast path's counts per op (Python cells and C counters), since the run or a clear."""
         below = {name: n for name, (n,) in self.fast_path.items()}
         for read, _ in self.counters:
             for name, n in read().items():
                 below[name] = below.get(name, 0) + n
-        for name, n in below.items():
-            if n:
-                ops.setdefault(name, {**_new_op(), "reasons": {}, "phases": {}})["below_floor"] = n
-        return ops
+        return below
 
     def trace_io(self, rec: Record, args: tuple, kwargs: dict, result: Any) -> None:
         """After a recorded call returned: its scalar arguments, and tokens for its array inputs and
@@ -355,7 +377,7 @@ def _phase_sums(by_names: dict[tuple, list]) -> dict[str, float]:
 
 def _new_op() -> dict[str, Any]:
     return {"family": "", "calls": 0, "worker": 0, "local": 0, "unsupported": 0, "fallback": 0,
-            "below_floor": 0, "verified": 0, "mismatches": 0, "repeated": 0,
+            "raised": 0, "below_floor": 0, "no_worker": 0, "verified": 0, "mismatches": 0, "repeated": 0,
             "resident_hits": 0, "bytes_saved": 0, "resends": 0, "evictions": 0, "bytes_sent": 0, "bytes_received": 0,
             "shm_sent": 0, "shm_received": 0, "wall_s": 0.0,
             "phases": {}, "reasons": Counter()}

@@ -62,13 +62,19 @@ class Runtime:
 
     def __init__(self, config: Config, publish_floors: FloorPublisher | None = None, export_env: bool = False):
         self._config = config
-        self.ledger = Ledger(trace_io=config.report is not None)
+        urls: list[str | None] = [] if config.pool else list(config.workers) or [config.worker]
+        # an embedded CPU worker is deferred (D40); under auto every floor stays NEVER until a
+        # worker is ready (Planner.held), but those of the ops whose calls are evidence for its start
+        deferred = (config.policy == "auto" and urls == [None] and config.device == "auto"
+                    and not embedded.gpu_visible())
+        # D281: until then calls are counted as made with no worker ready (deferred: by its evidence floors)
+        self.ledger = Ledger(trace_io=config.report is not None, unready=config.policy == "auto" and not deferred)
         self.guard = GUARD  # .busy: the shim's own NumPy calls must not re-enter it
         self.local_only = config.policy == "local"
         self.export_env = export_env
         self._publish = publish_floors
         # None: an embedded worker; a pool's URLs are known once it is opened (_open_pool)
-        self._urls: list[str | None] = [] if config.pool else list(config.workers) or [config.worker]
+        self._urls = urls
         self.pool: Any = None  # pool.locate.Pool, once opened
         self._endpoints: list = []  # its workers (pool.locate.Endpoint), in the links' order
         self._pid = os.getpid()
@@ -80,10 +86,7 @@ class Runtime:
         self._links_made = False
         self._calls: "CallPath | None" = None
         self._started = False
-        # an embedded CPU worker is deferred (D40); under auto every floor stays NEVER until a
-        # worker is ready (Planner.held), but those of the ops whose calls are evidence for its start
-        self.deferred = (config.policy == "auto" and self._urls == [None] and config.device == "auto"
-                         and not embedded.gpu_visible())
+        self.deferred = deferred
         self._evidence: "CpuEvidence | None" = None
         self._evidence_floor = NEVER
         self._cpu_started_s: float | None = None  # when the evidence started the deferred worker
@@ -413,6 +416,9 @@ class Runtime:
     def _publish_floors(self, floor_bytes: int, ops: Any = ()) -> None:
         """The planner refreshed floors: the C fast path holds the smallest, each wrapped function
         and each operator its own."""
+        planner = self._planner
+        if planner is not None and not planner.held:  # D281: from now on the fast path counts calls below a floor
+            self.ledger.worker_ready()
         if self.local_only or self._publish is None:
             return
         cells = self._floor_cells

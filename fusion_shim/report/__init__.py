@@ -12,8 +12,10 @@ JSON schema ``fusion_shim.report/1`` (a map):
   start, or on what evidence it did (D40);
 - ``ops``: per op: ``family``, ``calls`` (recorded calls), ``worker``, ``local`` (decided local),
   ``unsupported`` (arguments the row cannot offload), ``fallback`` (meant for the worker, computed
-  here after a fault or while it was not ready), ``below_floor`` (kept local by the size floor,
-  counted only), ``repeated`` (worker calls sent from the template of an earlier call with the
+  here after a fault or while it was not ready), ``raised`` (NumPy raised the program's own
+  error here, e.g. LinAlgError: raised as NumPy raises it, never a fallback), ``below_floor`` (kept
+  local by the size floor, counted only), ``no_worker`` (under auto, made before any worker was
+  ready: computed here at one comparison each, counted only, not ``below_floor``; D281), ``repeated`` (worker calls sent from the template of an earlier call with the
   same layout, D45), ``verified`` and ``mismatches`` (checked answers), ``bytes_sent`` and
   ``bytes_received`` (counted at the socket, headers included), ``shm_sent`` and ``shm_received``
   (buffer bytes that went through shared memory instead), ``resident_hits``, ``bytes_saved``,
@@ -53,9 +55,7 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import sys
-from collections import Counter
 from typing import TYPE_CHECKING, Any, Sequence, TextIO
 
 # Imported at exit (intercept): nothing loaded here may run exec() or eval() on source text (a
@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any, Sequence, TextIO
 from ..config import Config
 from ..ledger import PHASES, Ledger
 from .bottom import added_time, detail, plain_words
+from .layout import bottom_words
 
 
 def _keep_package_function() -> None:
@@ -206,7 +207,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     ops, records = report["ops"], report["records"]
     by_phase = {p: sum(o["phases"].get(p, 0.0) for o in ops.values()) for p in (*PHASES, "verify")}
     added = added_time(records, by_phase, report.get("startup") or {})
-    considered = sum(o["calls"] + o.get("below_floor", 0) for o in ops.values())
+    considered = sum(o["calls"] + o.get("below_floor", 0) + o.get("no_worker", 0) for o in ops.values())
     offloaded = sum(o["worker"] for o in ops.values())
     return {
         "time_on_worker_path_s": sum(by_phase[p] for p in WORKER_PHASES),
@@ -215,8 +216,8 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "time_checking_s": by_phase["verify"],
         "time_by_phase_s": by_phase,
         "calls": {k: sum(o.get(k, 0) for o in ops.values())
-                  for k in ("worker", "local", "unsupported", "fallback", "below_floor", "verified", "mismatches",
-                            "repeated")},
+                  for k in ("worker", "local", "unsupported", "fallback", "raised", "below_floor", "no_worker",
+                            "verified", "mismatches", "repeated")},
         "residency": {k: sum(o.get(k, 0) for o in ops.values())
                       for k in ("resident_hits", "bytes_saved", "resends", "evictions")},
         "bytes_sent": sum(o["bytes_sent"] for o in ops.values()),
@@ -224,7 +225,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "shm_sent": sum(o.get("shm_sent", 0) for o in ops.values()),
         "shm_received": sum(o.get("shm_received", 0) for o in ops.values()),
         "vs_plain": added,  # D120: everything the shim added, by part, measured and estimated
-        "bottom_line": plain_words(offloaded, considered, added, report["policy"]),
+        "bottom_line": bottom_words(plain_words(offloaded, considered, added, report["policy"]), report.get("worker")),
         "prediction_error": prediction_error(records),
         "top_sites": sorted(({"site": k.rpartition(" ")[0], **v} for k, v in report.get("sites", {}).items()),
                             key=lambda s: -s["wall_s"])[:8],
@@ -280,14 +281,19 @@ def _ms(s: float | None) -> str:
     return f"{s * 1e3:.1f}ms" if s < 10 else f"{s:.1f}s"
 
 
-def format_table(report: dict[str, Any]) -> str:
-    """The summary printed at exit: who ran where, the per-op table, the totals, the planner, the events."""
-    lines = [_title(report)]
+def format_table(report: dict[str, Any], full: bool = False) -> str:
+    """The summary printed at exit, in 100 columns (:mod:`.layout`, D280); ``full``: who ran where,
+    the wide per-op table, the totals, the planner, every event and the floors."""
     sm = report.get("summary")
     if not sm or "vs_plain" not in sm:  # a report saved before D120
         sm = summarize(report)
+    if not full:
+        from .layout import compact
+
+        return compact(report, sm)
+    lines = [_title(report)]
     if report["ops"]:
-        lines.append(f"  {sm['bottom_line']}")
+        lines.append(f"  {bottom_words(sm['bottom_line'], report.get('worker'))}")
     if report.get("startup"):
         lines.append(_startup_line(report["startup"]))
     operators = report.get("operators") or {}
@@ -302,21 +308,21 @@ def format_table(report: dict[str, Any]) -> str:
         lines += _pool_lines(report.get("pool"), report["events"])
         return "\n".join(lines)
     w = report.get("worker")
-    if report["policy"] == "auto" and w is not None and any(o.get("below_floor") for o in ops.values()):
-        # every floor is NEVER until a worker is first ready (plan.Planner.held)
-        before = (f"in the first {w['ready_after_s']:.2f}s, before the worker was ready,"
-                  if w.get("ready_after_s") is not None else "with no worker ready,")
-        lines.append(f"  calls {before} ran here at one comparison each (counted under <floor)")
+    if any(o.get("no_worker") for o in ops.values()):  # D281: every floor is NEVER until a worker is ready
+        lines.append("  calls made while no worker was ready ran here at one comparison each (no-wkr)")
     checks = any(o.get("verified") for o in ops.values())
     lines += _op_table(ops, checks)
-    lines += _totals(sm, checks)
+    lines += _totals(sm, checks, w is not None and w.get("ready_after_s") is not None)
     lines += _planner_lines(report.get("planner"))
     lines += _pool_lines(report.get("pool"), report["events"])
     lines += _stage_lines(report.get("stages"))
     lines += _sites_and_reasons(sm, ops)
     if w is not None and w.get("cpu_start"):
         lines.append(f"  embedded worker (no GPU on this host) {w['cpu_start']}")
-    lines += _event_lines(report["events"])
+    lines += _event_lines(report["events"], None)
+    from .layout import floor_lines
+
+    lines += floor_lines(report.get("planner"))
     return "\n".join(lines)
 
 
@@ -339,23 +345,12 @@ def _stage_lines(section: dict[str, Any] | None) -> list[str]:
 EVENTS_OF_A_KIND = 3  # the table shows this many events of one kind; the JSON keeps them all
 
 
-def _event_lines(events: list[dict]) -> list[str]:
-    """The events in order, but at most EVENTS_OF_A_KIND of a kind (same text but for its numbers):
-    the rest of a kind counted on one line after its last shown."""
-    kinds = [_kind(ev["what"]) for ev in events]
-    total = Counter(kinds)
-    lines, shown = [], Counter()
-    for ev, kind in zip(events, kinds):
-        shown[kind] += 1
-        if shown[kind] <= EVENTS_OF_A_KIND:
-            lines.append(f"  [{ev['t_s']:7.2f}s] {ev['what']}")
-            if shown[kind] == EVENTS_OF_A_KIND and total[kind] > EVENTS_OF_A_KIND:
-                lines.append(f"  {'':10} ... and {total[kind] - EVENTS_OF_A_KIND} more like it (all in --report)")
-    return lines
+def _event_lines(events: list[dict], limit: int | None = EVENTS_OF_A_KIND) -> list[str]:
+    """The events in order, but at most ``limit`` of a kind (same text but for its numbers): the
+    rest of a kind counted on one line after its last shown; ``limit`` None: every event."""
+    from .layout import events as event_lines
 
-
-def _kind(text: str) -> str:
-    return re.sub(r"\d+(\.\d+)?", "#", text)
+    return event_lines(events, limit, fit=False)
 
 
 STARTUP_AT_START = ("bootstrap", "launcher", "interception")  # before or at NumPy's import; the rest on first need
@@ -387,15 +382,15 @@ def _title(report: dict[str, Any]) -> str:
 def _op_table(ops: dict[str, Any], checks: bool) -> list[str]:
     """One row per op: its calls by outcome, its bytes and its time per phase (phases seen only)."""
     phases = [p for p in PHASES if any(o["phases"].get(p) for o in ops.values())]
-    head = ["op", "calls", "worker", "local", "unsup", "fallbk", "<floor", *(["checked"] if checks else []),
+    head = ["op", "calls", "worker", "local", "unsup", "fallbk", "raised", "<floor", "no-wkr", *(["checked"] if checks else []),
             "sent", "recv", *phases]
     rows = []
     for name, o in ops.items():
         # calls: every intercepted one, those the size floor kept here included; sent/recv: bytes
         # moved, through the socket or shared memory
-        rows.append([name.removeprefix("numpy."), str(o["calls"] + o.get("below_floor", 0)), str(o["worker"]),
-                     str(o["local"]),
-                     str(o["unsupported"]), str(o["fallback"]), str(o.get("below_floor", 0)),
+        rows.append([name.removeprefix("numpy."), str(o["calls"] + o.get("below_floor", 0) + o.get("no_worker", 0)),
+                     str(o["worker"]), str(o["local"]), str(o["unsupported"]), str(o["fallback"]),
+                     str(o.get("raised", 0)), str(o.get("below_floor", 0)), str(o.get("no_worker", 0)),
                      *([f"{o.get('verified', 0)}/{o.get('mismatches', 0)}!" if o.get("mismatches")
                         else str(o.get("verified", 0))] if checks else []),
                      _mb(o["bytes_sent"] + o.get("shm_sent", 0)), _mb(o["bytes_received"] + o.get("shm_received", 0)),
@@ -408,15 +403,18 @@ def _op_table(ops: dict[str, Any], checks: bool) -> list[str]:
     return [fmt(head), *(fmt(r) for r in rows)]
 
 
-def _totals(sm: dict[str, Any], checks: bool) -> list[str]:
-    """Time by place, bytes by lane, residency, checks and the estimate against all-local."""
+def _totals(sm: dict[str, Any], checks: bool, warmed: bool = True) -> list[str]:
+    """Time by place, bytes by lane, residency, checks and the estimate against all-local; the wait
+    is for a cold worker where one became ready (``warmed``), else for a worker never ready."""
     c = sm["calls"]
     repeated = f", {c['repeated']} sent from an earlier call's template" if c.get("repeated") else ""
     lines = [f"  time in intercepted calls: worker path {_ms(sm['time_on_worker_path_s'])} ({c['worker']} calls"
              f"{repeated}), "
              f"computed here {_ms(sm['time_computed_here_s'])} "
-             f"({c['local'] + c['unsupported'] + c['fallback']} calls, {c['below_floor']} more below the floor)",
-             f"  waiting for a cold worker: {_ms(sm['time_waiting_for_cold_worker_s'])}",
+             f"({c['local'] + c['unsupported'] + c['fallback'] + c.get('raised', 0)} calls, "
+             f"{c['below_floor']} more below the floor, {c.get('no_worker', 0)} with no worker ready)",
+             f"  waiting for {'a cold worker' if warmed else 'a worker never ready'}: "
+             f"{_ms(sm['time_waiting_for_cold_worker_s'])}",
              f"  bytes moved: sent {_mb(sm['bytes_sent'])}, received {_mb(sm['bytes_received'])}"]
     if sm.get("shm_sent") or sm.get("shm_received"):  # the same-host lane
         lines.append(f"  through shared memory: sent {_mb(sm['shm_sent'])}, received {_mb(sm['shm_received'])}")

@@ -61,8 +61,11 @@ def test_numbers_add_up(shim, inproc_worker):
     assert sent == after["bytes_in"] - before["bytes_in"] > 0
     assert received == after["bytes_out"] - before["bytes_out"] > 0
     assert after["calls"] - before["calls"] == sum(o["worker"] for o in rep["ops"].values())
-    text = format_table(rep)
+    text = format_table(rep, full=True)
     for needle in ("waiting for a cold worker", "bytes moved", "top call sites", "against all-local", "ESTIMATED"):
+        assert needle in text
+    text = format_table(rep)
+    for needle in ("  time: worker path", "  moved: sent", "top call sites", "  vs plain +", "ESTIMATED"):
         assert needle in text
 
 
@@ -262,8 +265,10 @@ def test_magic_in_a_real_ipython_kernel():
         assert line.split()[1:3] == ["1", "1"], line  # one call, on the worker
         # a small `a @ a` under auto: kept here by the C fast path's size check, counted in the cell
         text = run("%%fusion_shim --policy auto\nb = np.ones((4, 4))\nfor _ in range(3):\n    c = b @ b\n")
+        head = next(l for l in text.splitlines() if l.strip().startswith("op "))
         line = next((l for l in text.splitlines() if l.strip().startswith("ndarray.__matmul__")), text)
-        assert line.split()[1] == "3" and line.split()[6] == "3", line  # three calls, all under <floor
+        cells = dict(zip(head.split(), line.split()))
+        assert cells["calls"] == "3" and cells["<floor"] == "3", (head, line)  # three calls, all under <floor
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
@@ -311,7 +316,9 @@ def test_a_run_slower_than_plain_python_is_reported_slower(tmp_path):
     assert line.startswith("offloaded 11 of 11 calls; about ") and "slower than running plainly" in line, line
     assert "mostly waiting" in sm["bottom_line"] and "for the worker to warm" in sm["bottom_line"], sm["bottom_line"]
     table = out.stderr[out.stderr.index("fusion_shim report"):].splitlines()
-    assert table[1].strip() == sm["bottom_line"], table[:3]
+    said = table[next(i for i, l in enumerate(table) if l.startswith("  offloaded ")):
+                 next(i for i, l in enumerate(table) if l.startswith("  time: "))]
+    assert " ".join(l.strip() for l in said) == sm["bottom_line"], table[:3]  # folded in 100 columns
     assert "saved" not in out.stderr and "faster than running plainly" not in out.stderr, out.stderr
 
 
@@ -340,7 +347,7 @@ def test_call_sites_are_keyed_by_line_and_op(shim):
     here = {v["op"]: v["calls"] for v in rep["sites"].values() if v["site"] == line}
     want = {"numpy.ndarray.__matmul__": 3, "numpy.matmul": 3, "numpy.fft.rfft2": 3, "numpy.fft.irfft2": 3}
     assert here == want, rep["sites"]
-    shown = [l for l in format_table(rep).splitlines() if l.endswith(line)]
+    shown = [l for l in format_table(rep, full=True).splitlines() if l.endswith(line)]
     assert len(shown) == 4 and all(" 3 calls" in l for l in shown), shown
 
 

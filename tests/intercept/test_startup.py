@@ -237,6 +237,10 @@ def test_the_report_shows_the_shims_start_up_on_its_own_line(tmp_path):
     assert {"launcher", "interception", "planner", "worker links", "call path"} <= set(startup), startup
     assert all(0 < s < 60 for s in startup.values()), startup
     line = next(ln for ln in r.stderr.splitlines() if "shim start-up:" in ln)
+    assert "at start" in line and "on first need: " in line and "call path" in line and len(line) <= 100
+    full = subprocess.run([sys.executable, "-m", "fusion_shim", "report", str(report), "--full"], capture_output=True,
+                          text=True, timeout=300, env=clean_env(), check=True).stdout
+    line = next(ln for ln in full.splitlines() if "shim start-up:" in ln)
     assert "launcher" in line and "interception" in line and "on first need: " in line and "call path" in line
 
 

@@ -383,7 +383,9 @@ class CallPath:
         rec.wall_s = time.perf_counter() - self.ledger.started - rec.start_s
         rec.raised = None if exc is None else type(exc).__name__
         if isinstance(exc, Exception):  # D281: the program's error (a singular matrix) is NumPy's, never a fallback
-            rec.kind, rec.reason = "raised", f"{rec.raised}: {exc}"[:120]
+            # why it ran here stays said, but for a worker's refusal of the same input (its fault text misleads)
+            why = f"; here: {rec.reason}" if rec.reason and "WorkerFault" not in rec.reason else ""
+            rec.kind, rec.reason = "raised", f"{rec.raised}: {str(exc)[:100]}{why}"[:400]
         planned: Planned | None = getattr(rec, "plan", None)
         if planned is not None and exc is None:
             self.planner.observed_local(planned.call, planned.decision, seconds, planned.inputs_up)

@@ -548,7 +548,7 @@ def test_out_numpy_decides(shim, name, build, out_of, why):
     exp, exp_exc = _outcome(lambda: original(fn)(*a_args, out=exp_out, **kwargs))
     got, got_exc = _outcome(lambda: fn(*a_args, out=got_out, **kwargs))
     rec = last_record(shim)
-    assert rec.kind == "unsupported", f"{name} ran {rec.kind}: {rec.reason}"
+    assert rec.kind == ("unsupported" if exp_exc is None else "raised"), f"{name} ran {rec.kind}: {rec.reason}"
     assert why in rec.reason, rec.reason
     assert type(got_exc) is type(exp_exc), f"NumPy: {exp_exc!r}, shim: {got_exc!r}"
     if exp_exc is None:
@@ -599,7 +599,7 @@ def test_numpy_errors_reach_the_caller(shim, name, build):
         fn(*a_args, **kwargs)
     assert type(got_info.value) is exp_type
     rec = last_record(shim)
-    assert rec.kind in ("unsupported", "fallback"), rec  # the worker's failure is never the answer
+    assert rec.kind == "raised", rec  # NumPy's error, raised here: the worker's failure is never the answer
     assert rec.raised == exp_type.__name__
 
 
@@ -652,7 +652,7 @@ def test_not_offloaded_runs_numpy(shim, name, build, why):
     exp, exp_exc = _outcome(lambda: original(fn)(*a_args, **kwargs))
     got, got_exc = _outcome(lambda: fn(*a_args, **kwargs))
     rec = last_record(shim)
-    assert rec.kind == "unsupported", f"{name} ran {rec.kind}: {rec.reason}"
+    assert rec.kind == ("unsupported" if exp_exc is None else "raised"), f"{name} ran {rec.kind}: {rec.reason}"
     assert why in rec.reason, rec.reason
     assert type(got_exc) is type(exp_exc), f"NumPy: {exp_exc!r}, shim: {got_exc!r}"
     if exp_exc is not None:

@@ -63,7 +63,7 @@ from typing import TYPE_CHECKING, Any, Sequence, TextIO
 # unhandled Ctrl-C instead of by SIGINT. config and ledger have dataclasses: the runtime loads them.
 from ..config import Config
 from ..ledger import PHASES, Ledger
-from .bottom import added_time, detail, plain_words
+from .bottom import added_time, detail, machine_wait_s, plain_words, worker_cpu_s
 from .layout import bottom_words
 
 
@@ -146,6 +146,8 @@ def build(rt: RunView, ledger: Ledger | None = None) -> dict[str, Any]:
     why = rt.deferred_why()
     if worker is not None and why is not None:
         worker["cpu_start"] = why
+    if worker is not None and worker.get("embedded"):  # D276: its load on this host, evidence for vs_plain
+        worker["cpu_s"] = worker_cpu_s(worker)
     report = {
         "schema": SCHEMA,
         "pid": os.getpid(),
@@ -153,6 +155,7 @@ def build(rt: RunView, ledger: Ledger | None = None) -> dict[str, Any]:
         "policy": rt.config.policy,
         "verify": rt.config.verify,
         "wall_s": (ledger or rt.ledger).now(),  # a cell's share: the cell's own time
+        "machine_wait_s": machine_wait_s(),  # D278
         "operators": dict(rt.operators),
         "worker": worker,
         **snap,
@@ -206,7 +209,8 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     against running plainly (D120), prediction error. Worker and local times exclude the checks' time."""
     ops, records = report["ops"], report["records"]
     by_phase = {p: sum(o["phases"].get(p, 0.0) for o in ops.values()) for p in (*PHASES, "verify")}
-    added = added_time(records, by_phase, report.get("startup") or {})
+    added = added_time(records, by_phase, report.get("startup") or {}, report.get("wall_s"), report.get("sites"),
+                       report.get("worker"), report.get("machine_wait_s"))
     considered = sum(o["calls"] + o.get("below_floor", 0) + o.get("no_worker", 0) for o in ops.values())
     offloaded = sum(o["worker"] for o in ops.values())
     return {
@@ -224,7 +228,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "bytes_received": sum(o["bytes_received"] for o in ops.values()),
         "shm_sent": sum(o.get("shm_sent", 0) for o in ops.values()),
         "shm_received": sum(o.get("shm_received", 0) for o in ops.values()),
-        "vs_plain": added,  # D120: everything the shim added, by part, measured and estimated
+        "vs_plain": added,  # D120, D276: everything the shim added, by part, and the interval it lies in
         "bottom_line": bottom_words(plain_words(offloaded, considered, added, report["policy"]), report.get("worker")),
         "prediction_error": prediction_error(records),
         "top_sites": sorted(({"site": k.rpartition(" ")[0], **v} for k, v in report.get("sites", {}).items()),

@@ -285,10 +285,10 @@ def test_repeated_events_are_counted_not_listed():
     assert _event_lines(events[:3]) == [f"  [{e['t_s']:7.2f}s] {e['what']}" for e in events[:3]]
 
 
-def test_a_run_slower_than_plain_python_is_reported_slower(tmp_path):
-    """D120: under --policy remote a short program waits seconds for its cold embedded worker; the
-    plain run, timed in this test, is faster, and the report's bottom line says so, in the table
-    (second line) and in the JSON, without claiming a saving."""
+def test_a_run_slower_than_plain_python_is_never_reported_faster(tmp_path):
+    """D120, D276: under --policy remote a short program waits seconds for its cold embedded worker;
+    the plain run, timed in this test, is faster, and the report's bottom line, in the table (second
+    line) and in the JSON, claims no saving and gives an interval that holds the difference."""
     prog = tmp_path / "app.py"
     prog.write_text(textwrap.dedent("""
         import numpy as np
@@ -310,11 +310,12 @@ def test_a_run_slower_than_plain_python_is_reported_slower(tmp_path):
     assert shim_s > plain_s, (shim_s, plain_s)  # the premise: the worker's warm-up is not paid back
     sm = json.loads((tmp_path / "r.json").read_text())["summary"]
     added = sm["vs_plain"]
-    assert 0 < added["added_s"] <= shim_s - plain_s + 2.0, (added, shim_s, plain_s)
+    # D276: NumPy's time for the worker's calls was never measured here: the interval holds the
+    # measured difference (the interpreter's start and exit are not counted), and no saving is claimed
+    assert added["low_s"] <= shim_s - plain_s <= added["high_s"] + 2.0, (added, shim_s, plain_s)
     assert added["parts_s"]["waiting_for_worker_s"] > 0 and added["measured_s"] > 0
     line = sm["bottom_line"]
-    assert line.startswith("offloaded 11 of 11 calls; about ") and "slower than running plainly" in line, line
-    assert "mostly waiting" in sm["bottom_line"] and "for the worker to warm" in sm["bottom_line"], sm["bottom_line"]
+    assert line.startswith("offloaded 11 of 11 calls; ") and added["verdict"] in ("slower", "cannot tell"), line
     table = out.stderr[out.stderr.index("fusion_shim report"):].splitlines()
     said = table[next(i for i, l in enumerate(table) if l.startswith("  offloaded ")):
                  next(i for i, l in enumerate(table) if l.startswith("  time: "))]
@@ -332,8 +333,14 @@ def test_the_bottom_line_labels_estimates_and_counts_the_shims_own_time():
     assert parts["worker_calls_s"] == pytest.approx(0.3 - 2.3) and parts["calls_run_here_s"] == pytest.approx(0.2)
     assert added["added_s"] == pytest.approx(0.3 + 0.2 - 2.0 + 0.1 + 0.1)
     assert added["estimated_s"] == pytest.approx(-2.0) and added["measured_s"] == pytest.approx(0.7)
+    # D276: one prediction whose model was never measured here bounds no saving
     line = plain_words(1, 40, added, "auto")
-    assert line == ("offloaded 1 of 40 calls; about 1.3 s faster than running plainly (ESTIMATED), "
+    assert line.startswith("offloaded 1 of 40 calls; cannot tell whether faster or slower"), line
+    here_measured = [{"kind": "local", "family": "f", "wall_s": 1.0, "phases": {"local": 1.0},
+                      "predicted_local_s": 1.0}] * 3
+    added = added_time([{**worker, "family": "f"}, *here_measured], {"wait_ready": 0.2}, {"launcher": 0.1})
+    line = plain_words(1, 40, added, "auto")
+    assert line == ("offloaded 1 of 40 calls; about 1.7 s faster than running plainly (-1.7 s, ESTIMATED), "
                     "the worker's calls 2.0 s faster than NumPy here"), line
     assert "would have been considered" in plain_words(0, 40, added, "local")
 

@@ -216,7 +216,7 @@ def plain_words(offloaded: int, considered: int, added: dict[str, Any], policy: 
     if v == "about as fast":
         return f"{head}; about as fast as running plainly ({between}{busy})"
     if v == "cannot tell":
-        return (f"{head}; cannot tell whether faster or slower than running plainly ({between}{busy})"
+        return (f"{head}; cannot tell against running plainly ({between}{busy})"
                 f"{_why_unsure(added)}")
     line = f"{head}; about {_s(abs(total))} {v} than running plainly ({between}"
     line += ", ESTIMATED" if added["estimated_s"] and abs(added["estimated_s"]) >= 0.5 * abs(total) else ""
@@ -233,7 +233,7 @@ def _why_unsure(added: dict[str, Any]) -> str:
     ev = added.get("evidence") or {}
     n = ev.get("model_unmeasured_calls", 0) + added.get("calls_unpriced", 0)
     if n:
-        return f": NumPy's time for {n} worker calls was never measured here (--verify measures a sample)"
+        return f": NumPy's time for {n} worker calls was never measured (--verify measures some)"
     if ev.get("same_host_load_up_to_s"):
         return f": the worker on this host may have slowed the program by up to {_s(ev['same_host_load_up_to_s'])}"
     return ""

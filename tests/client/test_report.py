@@ -335,7 +335,7 @@ def test_the_bottom_line_labels_estimates_and_counts_the_shims_own_time():
     assert added["estimated_s"] == pytest.approx(-2.0) and added["measured_s"] == pytest.approx(0.7)
     # D276: one prediction whose model was never measured here bounds no saving
     line = plain_words(1, 40, added, "auto")
-    assert line.startswith("offloaded 1 of 40 calls; cannot tell whether faster or slower"), line
+    assert line.startswith("offloaded 1 of 40 calls; cannot tell against running plainly"), line
     here_measured = [{"kind": "local", "family": "f", "wall_s": 1.0, "phases": {"local": 1.0},
                       "predicted_local_s": 1.0}] * 3
     added = added_time([{**worker, "family": "f"}, *here_measured], {"wait_ready": 0.2}, {"launcher": 0.1})

@@ -62,6 +62,8 @@ def test_replies_nobody_reads_are_bounded_per_principal_and_the_rest_answered_bu
             for rid in range(per):
                 reader.send_multipart(_echo(1000 * c + rid + 2, np.ones(size // 8)), copy=False)
         _answered(thread.worker, per * connections)
+        # a probe's small reply is taken past the bound: the worker is not taken for down
+        assert chan.request(messages.hello(3), time.monotonic() + READY_S).header["t"] == "ready"
         answers: dict = {}
         for reader in readers:  # every request is answered: a busy reply is small, never dropped
             for _ in range(per):
@@ -112,3 +114,36 @@ def test_requests_waiting_on_many_connections_past_the_budget_are_answered_busy(
         chan.close()
         stop.set()
         thread.join(10)
+
+
+class _Unread:
+    done = False
+
+    def wait(self, timeout: float) -> None:
+        raise zmq.NotDone
+
+
+def test_past_the_bound_a_call_is_answered_busy_and_a_probe_is_still_taken(sock_dir):
+    from fusion_shim.worker.inbox import Inbox
+
+    url = f"ipc://{sock_dir}/i.sock"
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(url)
+    inbox = Inbox(router, curve=False, budget=8 * MIB)
+    client = _dealer(url)
+    try:
+        client.send_multipart(messages.hello(1).frames())
+        frames, principal = inbox.next(int(READY_S * 1000))
+        inbox.unsent[principal.name] = [(_Unread(), 8 * MIB)]  # a reply of the whole budget, unread
+        client.send_multipart(_echo(2, np.ones(1024)))
+        client.send_multipart(messages.hello(3).frames())
+        frames, _ = inbox.next(int(READY_S * 1000))
+        assert wire.decode_header(frames[1])["id"] == 3  # the probe; the call was answered busy
+        assert client.poll(int(READY_S * 1000))
+        header = wire.decode_header(client.recv_multipart()[0])
+        assert (header["t"], header["kind"], header["id"]) == ("error", "busy", 2)
+    finally:
+        inbox.close()
+        client.close(0)
+        router.close(0)

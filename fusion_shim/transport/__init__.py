@@ -185,6 +185,25 @@ def send_frames(sock: zmq.Socket, frames: Sequence[Any], prefix: Sequence[bytes]
     return total
 
 
+def send_tracked(sock: zmq.Socket, frames: Sequence[Any], prefix: Sequence[bytes] = ()) -> tuple[int, list]:
+    """:func:`send_frames`, and a ``(tracker, bytes)`` pair for each frame sent without a copy: its
+    tracker is done once libzmq has let go of the frame (written it out, or dropped its connection)."""
+    if not frames:
+        raise ValueError("a message has one frame or more")
+    last = len(frames) - 1
+    for part in prefix:
+        sock.send(part, _SNDMORE, copy=True)
+    total, tracked = 0, []
+    for i, part in enumerate(frames):
+        n = frame_bytes(part)
+        total += n
+        if n < _ZERO_COPY_MIN:
+            sock.send(part, _SNDMORE if i < last else 0, copy=True)
+        elif (tracker := sock.send(part, _SNDMORE if i < last else 0, copy=False, track=True)) is not None:
+            tracked.append((tracker, n))  # None: a zmq.Frame made untracked, let go of when sent
+    return total, tracked
+
+
 def _send_wrapped(sock: Any, part: Any, flags: int, copy: bool) -> None:
     """A socket other than ``zmq.Socket`` itself (a subclass, a test's stand-in), through its ``send``."""
     sock.send(part, flags, copy=copy)

@@ -9,6 +9,11 @@ request past that is answered at once with a ``busy`` error (its client computes
 freed. One compute stream gains nothing from a longer queue. The loop's thread
 takes the socket back when the call ends; a call shorter than ``DRAIN_AFTER_S`` never meets the
 second thread, which only looks at a clock.
+
+D270: the bound covers all a principal has on the worker, over all its connections: requests
+waiting, the one being handled, and replies handed to libzmq that its peer has not read yet
+(tracked until libzmq lets go of them). A request that would take it past ``budget`` is answered
+``busy`` (a small reply, never dropped) unless the principal has nothing else here.
 """
 from __future__ import annotations
 
@@ -21,19 +26,26 @@ from typing import Any, Callable
 import zmq
 
 from ..protocol import messages, wire
-from ..transport import frame_bytes, send_frames
+from ..transport import frame_bytes, send_frames, send_tracked
 from ..transport.principal import Principal, principal_of
 
 DRAIN_AFTER_S = 0.02  # a call shorter than this runs with the socket left to libzmq's queues
 POLL_S = 0.002        # how long a call that outlasts DRAIN_AFTER_S may wait for its socket back
 QUEUED_BYTES = 64 << 20  # what a principal may have waiting beyond its first request
 DRAIN_MIN = 64 << 10     # D197: a request this large or larger is followed by a drain of the socket
+UNSENT_WAIT_S = 0.02     # D271: how long a request past the bound waits for its principal's replies to leave
+
+
+def principal_budget(max_bytes: int) -> int:
+    """D270: what one principal may have on the worker beyond one request: part of ``--max-bytes``."""
+    return min(QUEUED_BYTES, max_bytes)
 
 
 class Inbox:
     """The socket, owned by the loop's thread but while a long call runs."""
 
-    def __init__(self, sock: zmq.Socket, curve: bool, budget: int = QUEUED_BYTES):
+    def __init__(self, sock: zmq.Socket, curve: bool, budget: int = QUEUED_BYTES,
+                 on_busy: Callable[[Principal], None] | None = None):
         self.sock = sock
         self._arrivals = zmq.Poller()  # one for the socket: Socket.poll makes one per call
         self._arrivals.register(sock, zmq.POLLIN)
@@ -42,6 +54,9 @@ class Inbox:
         self.curve = curve
         self.waiting: collections.deque = collections.deque()  # (frames, principal, bytes)
         self.held: dict[str, int] = {}  # principal -> bytes waiting
+        self.flight: tuple[str, int] | None = None  # the request being handled: its principal, bytes
+        self.unsent: dict[str, list] = {}  # principal -> (tracker, bytes) of replies libzmq still holds
+        self.on_busy = on_busy  # told of each request answered busy
         self._lock = threading.Lock()   # whoever holds it may use the socket
         self._lock.acquire()
         self._call = 0                  # the running call's number, 0 between calls
@@ -54,15 +69,59 @@ class Inbox:
     def next(self, timeout_ms: int) -> tuple[list, Principal] | None:
         """The next request (its frames with the routing identity first, and its principal), waiting
         ones first; None when none came within ``timeout_ms``."""
+        self.flight = None
         if self.waiting:
             frames, principal, n = self.waiting.popleft()
             self.held[principal.name] -= n
+            self.flight = (principal.name, n)
             return frames, principal
         while (frames := self._recv(timeout_ms)) is not None:
-            if len(frames) >= 2:  # else no routing identity: nothing to answer to
-                return frames, principal_of(frames[1], self.curve)
             timeout_ms = 0
+            if len(frames) < 2:  # no routing identity: nothing to answer to
+                continue
+            principal = principal_of(frames[1], self.curve)
+            n = sum(frame_bytes(f) for f in frames[1:])
+            if (load := self._over(principal.name, n)) is not None and not _small_answer(frames[1]):  # D270
+                self._busy(frames, principal, load)
+                continue
+            self.flight = (principal.name, n)
+            return frames, principal
+        if self._shed:  # idle after shedding: the shed requests' pages go back (D69)
+            self._shed = False
+            trim_heap()
         return None
+
+    def load(self, name: str) -> int:
+        """D270: the bytes principal ``name`` has here: waiting, being handled, replies unread."""
+        n = self.held.get(name, 0)
+        if self.flight is not None and self.flight[0] == name:
+            n += self.flight[1]
+        sent = self.unsent.get(name)
+        if sent:
+            sent[:] = [(t, b) for t, b in sent if not t.done]
+            n += sum(b for _, b in sent)
+            if not sent:
+                del self.unsent[name]
+        return n
+
+    def _over(self, name: str, n: int) -> int | None:
+        """The principal's load where a request of ``n`` bytes would take it past the budget, else None.
+        One request of any size is taken from a principal that has nothing else here."""
+        load = self.load(name)
+        if not load or load + n <= self.budget:
+            return None
+        sent = self.unsent.get(name)
+        if sent:  # D271: a reply its peer has just read may not be let go of yet
+            deadline = time.monotonic() + UNSENT_WAIT_S
+            try:
+                for tracker, _ in list(sent):
+                    tracker.wait(max(0.0, deadline - time.monotonic()))
+            except zmq.NotDone:
+                pass  # still unread: it counts
+            load = self.load(name)
+            if not load or load + n <= self.budget:
+                return None
+        return load
 
     def _recv(self, timeout_ms: int) -> list | None:
         """One message's frames, or None when none came within ``timeout_ms``. D74: a blocking
@@ -104,8 +163,16 @@ class Inbox:
             self._shed = False
             trim_heap()
 
-    def send(self, identity: bytes, frames: list) -> int:
-        return send_frames(self.sock, frames, prefix=[identity])
+    def send(self, identity: bytes, frames: list, principal: Principal | None = None) -> int:
+        """Send a reply; one for ``principal`` counts against its budget until libzmq lets go of it (D270)."""
+        if principal is None:
+            return send_frames(self.sock, frames, prefix=[identity])
+        if self.flight is not None and self.flight[0] == principal.name:
+            self.flight = None  # its request's bytes are freed: its reply's count now
+        total, tracked = send_tracked(self.sock, frames, prefix=[identity])
+        if tracked:
+            self.unsent.setdefault(principal.name, []).extend(tracked)
+        return total
 
     def close(self) -> None:
         self._stop = True
@@ -133,22 +200,37 @@ class Inbox:
             return
         principal = principal_of(frames[1], self.curve)
         n = sum(frame_bytes(f) for f in frames[1:])
-        held = self.held.get(principal.name, 0)
-        if not held or held + n <= self.budget:
+        load = self._over(principal.name, n)
+        if load is None or _small_answer(frames[1]):
             self.waiting.append((frames, principal, n))
-            self.held[principal.name] = held + n
+            self.held[principal.name] = self.held.get(principal.name, 0) + n
             return
+        self._busy(frames, principal, load)
+
+    def _busy(self, frames: list, principal: Principal, load: int) -> None:
+        """Answer a request past its principal's budget with a small ``busy`` error, and free it."""
+        self._shed = True
+        if self.on_busy is not None:
+            self.on_busy(principal)
         try:
             rid = wire.decode_header(frames[1])["id"]
         except wire.WireError:
             return  # a malformed request past the bound: dropped, it gets no answer
-        reply = messages.error(rid, "busy", "WorkerBusy", f"{held} bytes of this client's requests wait on the "
-                               f"worker already (at most {self.budget}): computed by the client")
-        self._shed = True
+        reply = messages.error(rid, "busy", "WorkerBusy", f"{load} bytes of this client's requests and replies are "
+                               f"on the worker already (at most {self.budget}): computed by the client")
         try:
             self.send(frames[0].bytes, reply.frames())
         except zmq.ZMQError:
             pass  # the client is gone
+
+
+def _small_answer(header: Any) -> bool:
+    """D270: a ``hello`` or ``stats`` request, whose small reply is taken past the bound: a client's
+    probe answered ``busy`` would take the worker for down."""
+    try:
+        return wire.decode_header(header)["t"] in ("hello", "stats")
+    except (wire.WireError, KeyError, TypeError):
+        return False
 
 
 def trim_heap() -> None:

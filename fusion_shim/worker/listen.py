@@ -2,8 +2,8 @@
 
 A tcp address, loopback included, needs ``keys`` (CURVE with a ZAP allow-list,
 :mod:`fusion_shim.auth`) or ``insecure``, which warns loudly (D68). Each connection may have
-``QUEUED_PER_CONNECTION`` requests waiting and as many replies unsent (D65, D194); connections
-past the limits of :class:`.connections.Connections` are shut (D193).
+``QUEUED_PER_CONNECTION`` requests waiting (D65); unread replies count against their principal
+(D271); connections past the limits of :class:`.connections.Connections` are shut (D193).
 """
 from __future__ import annotations
 
@@ -45,10 +45,10 @@ class Listener:
         self.ctx = zmq.Context() if keys is not None else context()
         self.sock = sock = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.MAXMSGSIZE, max(max_bytes, wire.MAX_HEADER))
+        sock.setsockopt(zmq.MAXMSGSIZE, max(max_bytes, wire.MAX_HEADER))  # D272: a larger frame is cut off
         sock.setsockopt(zmq.RCVHWM, QUEUED_PER_CONNECTION)
-        # D194: no SNDHWM this small: libzmq learns of reads in batches, and at 4 it dropped replies
-        # a synchronous client was waiting for (the live fuzz test); unread replies stay unbounded
+        # D271: no small SNDHWM (it dropped replies clients waited for): unread replies count in bytes
+        # against their principal's budget instead (D270, inbox.py)
         try:
             if keys is not None:
                 from ..auth import secure_server, secure_server_with

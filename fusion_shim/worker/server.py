@@ -62,7 +62,7 @@ from ..transport import shm_common
 from ..transport.shm_worker import ShmMapper
 from ..transport.principal import ANON, Principal
 from . import planned
-from .inbox import DRAIN_MIN, Inbox, trim_heap
+from .inbox import DRAIN_MIN, Inbox, principal_budget, trim_heap
 from .listen import INSECURE_WARNING, QUEUED_PER_CONNECTION, Listener  # noqa: F401  (names tests import)
 from .memory import MAX_MESSAGE_BYTES, default_max_bytes, free_memory, is_oom  # noqa: F401  (tests import)
 from .plans import Plans
@@ -174,7 +174,7 @@ class Worker:
 
     def stats(self, principal: Principal) -> dict[str, Any]:
         """What ``principal`` may learn of this worker: its own traffic, entries, segments and mismatches."""
-        traffic = self.traffic.get(principal.name, {"calls": 0, "bytes_in": 0, "bytes_out": 0})
+        traffic = self.traffic.get(principal.name, {"calls": 0, "bytes_in": 0, "bytes_out": 0, "busy": 0})
         shm_stats = self.shm.stats_for(principal) if self.shm is not None else {}
         return {**traffic, **self.store.stats(principal.name), **shm_stats,
                 "fingerprint_mismatches": self.fingerprint_mismatches.get(principal.name, 0)}
@@ -193,12 +193,20 @@ class Worker:
 
     def count(self, principal: Principal, bytes_in: int, bytes_out: int) -> None:
         """A call message answered for ``principal``: its bytes each way."""
-        t = self.traffic.get(principal.name)
-        if t is None:
-            t = self.traffic[principal.name] = {"calls": 0, "bytes_in": 0, "bytes_out": 0}
+        t = self._traffic(principal)
         t["calls"] += 1
         t["bytes_in"] += bytes_in
         t["bytes_out"] += bytes_out
+
+    def count_busy(self, principal: Principal) -> None:
+        """A request of ``principal`` answered ``busy`` past its budget (D270), before it was handled."""
+        self._traffic(principal)["busy"] += 1
+
+    def _traffic(self, principal: Principal) -> dict[str, int]:
+        t = self.traffic.get(principal.name)
+        if t is None:
+            t = self.traffic[principal.name] = {"calls": 0, "bytes_in": 0, "bytes_out": 0, "busy": 0}
+        return t
 
     def handle(self, frames: list, principal: Principal = ANON) -> list:
         """One request of ``principal`` in, one reply out; never raises."""
@@ -485,7 +493,8 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
         on_bound(sock.getsockopt(zmq.LAST_ENDPOINT).decode())
     if ready is not None:
         ready.set()
-    inbox = Inbox(sock, keys is not None)  # D69: bytes waiting, bounded per principal
+    inbox = Inbox(sock, keys is not None, principal_budget(worker.max_bytes),  # D69, D270: bounded per principal
+                  worker.count_busy)
     unreturned = 0  # bytes received since the heap was last trimmed
     try:
         # hellos that arrive meanwhile wait: nobody is told "ready" early
@@ -513,7 +522,7 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
             reply = inbox.running(lambda: worker.handle(frames[1:], principal))
             received = sum(map(len, frames[1:]))  # D77: the loop's frames are zmq.Frames, whose len is their bytes
             try:
-                sent = inbox.send(frames[0].bytes, reply)
+                sent = inbox.send(frames[0].bytes, reply, principal)  # D270: counted until it leaves
                 if worker.last_was_call:
                     worker.count(principal, received, sent or 0)
             except zmq.ZMQError as exc:  # the client vanished between request and reply

@@ -16,7 +16,7 @@ import zmq
 
 from fusion_shim.protocol import messages, wire
 from fusion_shim.transport import Channel
-from fusion_shim.worker.inbox import QUEUED_BYTES
+from fusion_shim.worker.inbox import QUEUED_BYTES, principal_budget
 from fusion_shim.worker.server import MAX_MESSAGE_BYTES, QUEUED_PER_CONNECTION, default_max_bytes
 from tests.helpers.shims import READY_S
 
@@ -116,3 +116,68 @@ def test_one_messages_budget_follows_the_hosts_memory():
 
     assert Worker("cpu").max_bytes == min(MAX_MESSAGE_BYTES, ram // 2)
     assert Worker("cpu", max_bytes=1000).max_bytes == 1000
+
+
+def test_a_principals_flood_over_many_connections_is_answered_busy_and_freed_when_they_close(sock_dir):
+    import threading
+
+    url = f"ipc://{sock_dir}/w.sock"
+    max_bytes, connections = 64 << 20, 64
+    worker = subprocess.Popen([sys.executable, "-m", "fusion_shim.worker.testing", "--bind", url, "--device", "cpu",
+                               "--max-bytes", str(max_bytes), "--delay", "0.005"], stderr=subprocess.DEVNULL)
+    chan = Channel(url)
+    socks, peak, sampling = [], [0], threading.Event()
+
+    def sample() -> None:
+        while not sampling.wait(0.01):
+            peak[0] = max(peak[0], _rss(worker.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    try:
+        assert chan.request(messages.hello(1), time.monotonic() + READY_S).header["t"] == "ready"
+        before = peak[0] = _rss(worker.pid)
+        sampler.start()
+        x = np.ones(MIB16 // 8)
+        header = messages.call_header(0, "echo", {"cdtype": "<f8"}, ["C"], [("<f8", x.shape)])
+        for c in range(connections):  # 4 GiB over one principal's connections
+            sock = zmq.Context.instance().socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.SNDHWM, 0)
+            sock.connect(url)
+            socks.append(sock)
+            for k in range(4):
+                sock.send_multipart(messages.Request({**header, "id": 100 * c + k + 2}, [wire.to_wire(x)]).frames(),
+                                    copy=False)
+        poller = zmq.Poller()
+        for sock in socks:
+            poller.register(sock, zmq.POLLIN)
+        answers: dict = {}
+        deadline = time.monotonic() + 2 * READY_S
+        while sum(answers.values()) < 4 * connections and time.monotonic() < deadline:
+            for sock, _ in poller.poll(200):
+                reply = wire.decode_header(sock.recv_multipart()[0])
+                kind = reply.get("kind", reply["t"])
+                answers[kind] = answers.get(kind, 0) + 1
+        sampling.set()
+        sampler.join(10)
+        assert sum(answers.values()) == 4 * connections, answers  # none dropped
+        assert answers.get("busy", 0) > 0, answers
+        # D270: the principal's budget, one request and its reply of any size; D272's slack: what
+        # libzmq holds of each connection before the worker sees it, one 16 MiB message or two
+        limit = principal_budget(max_bytes) + 2 * max_bytes + connections * 2 * MIB16
+        assert peak[0] - before < limit, f"peak RSS grew {(peak[0] - before) >> 20} MiB, limit {limit >> 20} MiB"
+        for sock in socks:
+            sock.close(0)
+        socks.clear()
+        deadline = time.monotonic() + READY_S  # freed once they closed (the idle loop trims the heap)
+        while _rss(worker.pid) - before >= 64 << 20:
+            assert time.monotonic() < deadline, f"RSS stayed {(_rss(worker.pid) - before) >> 20} MiB up"
+            time.sleep(0.2)
+        assert chan.request(messages.hello(3), time.monotonic() + READY_S).header["t"] == "ready"
+    finally:
+        sampling.set()
+        for sock in socks:
+            sock.close(0)
+        chan.close()
+        worker.kill()
+        worker.wait()

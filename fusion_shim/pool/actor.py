@@ -27,10 +27,9 @@ class PoolWorker:
 
         from ..auth import AllowList
         from ..worker.server import Worker, serve
-
-        self.name = name
         from . import host
 
+        self.name = name
         context = ray.get_runtime_context()
         self.ip = ray.util.get_node_ip_address()
         self.node = f"{context.get_node_id()[:8]}@{self.ip}"  # D268: nodes on one address told apart
@@ -74,7 +73,8 @@ class PoolWorker:
         device = str(info.get("device") or "starting")
         emulated = bool(self.gpu_ids) and not device.startswith("cuda")
         return {"name": self.name, "url": self._endpoint, "server_key": self._public, "node": self.node,
-                "ip": self.ip, "allow_code": self.allow_code, "pid": os.getpid(), "device": device, "ray_gpus": self.gpu_ids,
+                "ip": self.ip, "allow_code": self.allow_code, "pid": os.getpid(), "device": device,
+                "ray_gpus": self.gpu_ids,
                 # a GPU Ray accounted for, while torch sees no CUDA device: a logical GPU (tests, CI)
                 "gpu_emulated": emulated, "state": "ready" if info else "starting",
                 "clients": len(self._allowed)}

@@ -5,6 +5,10 @@ it imports nothing of the client side.
 Its key pair is made at each start (a restarted actor has a new one and an empty allow-list): the
 clients learn it, and give theirs, through :meth:`PoolWorker.join`, over Ray's authenticated
 channel. A worker serves only the keys it was given (``auth.AllowList``).
+
+Started with ``allow_code`` (``pool up --allow-code``) it runs stages for the clients it serves, in
+the plain worker's stage processes (:mod:`fusion_shim.worker.stages`). It records itself on its host
+and watches its raylet: once that is gone it stops serving and exits (:mod:`.host`, D265, D266).
 """
 from __future__ import annotations
 
@@ -16,34 +20,48 @@ from typing import Any
 class PoolWorker:
     """The body of a pool actor (``ray.remote`` is applied by :mod:`.manage`)."""
 
-    def __init__(self, name: str, device: str = "auto", memory_budget: int | None = None):
+    def __init__(self, name: str, device: str = "auto", memory_budget: int | None = None,
+                 allow_code: bool = False, pool: str | None = None):
         import ray
         import zmq
 
         from ..auth import AllowList
         from ..worker.server import Worker, serve
+        from . import host
 
         self.name = name
-        self.node = ray.util.get_node_ip_address()
+        context = ray.get_runtime_context()
+        self.ip = ray.util.get_node_ip_address()
+        self.node = f"{context.get_node_id()[:8]}@{self.ip}"  # D268: nodes on one address told apart
+        self.allow_code = allow_code
         self.gpu_ids = [str(g) for g in ray.get_gpu_ids()]
         self._public, secret = zmq.curve_keypair()
         self._allowed = AllowList()
         self._stop = threading.Event()
         self._endpoint: str | None = None
         bound = threading.Event()
-        self._worker = Worker(device, memory_budget)
+        # D269: the plain worker's stages, for every principal: each one is a key given through join
+        self._worker = Worker(device, memory_budget, allow_code="any" if allow_code else None)
 
         def on_bound(endpoint: str) -> None:
             self._endpoint = endpoint
 
         self._thread = threading.Thread(
-            target=serve, args=(f"tcp://{self.node}:*", self._worker),
+            target=serve, args=(f"tcp://{self.ip}:*", self._worker),
             kwargs={"keys": (self._public, secret, self._allowed), "stop": self._stop, "ready": bound,
                     "on_bound": on_bound}, name="fusion-shim-worker", daemon=True)
         self._thread.start()
         while not bound.wait(0.05):
             if not self._thread.is_alive():
                 raise RuntimeError(f"pool worker {name}: the worker exited before binding")
+        self._record = host.record(context.gcs_address, pool or name.rpartition(".")[0], name, self.node)
+        host.watch(self.close, self._forget)
+
+    def _forget(self) -> None:
+        try:
+            os.unlink(self._record)
+        except OSError:
+            pass
 
     def join(self, client_public: bytes) -> dict[str, Any]:
         """Allow ``client_public`` (a 40-character z85 key); returns where and how to reach this worker."""
@@ -55,7 +73,8 @@ class PoolWorker:
         device = str(info.get("device") or "starting")
         emulated = bool(self.gpu_ids) and not device.startswith("cuda")
         return {"name": self.name, "url": self._endpoint, "server_key": self._public, "node": self.node,
-                "pid": os.getpid(), "device": device, "ray_gpus": self.gpu_ids,
+                "ip": self.ip, "allow_code": self.allow_code, "pid": os.getpid(), "device": device,
+                "ray_gpus": self.gpu_ids,
                 # a GPU Ray accounted for, while torch sees no CUDA device: a logical GPU (tests, CI)
                 "gpu_emulated": emulated, "state": "ready" if info else "starting",
                 "clients": len(self._allowed)}

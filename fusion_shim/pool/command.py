@@ -24,6 +24,10 @@ def parser() -> argparse.ArgumentParser:
             a.add_argument("--workers", type=int, required=True, metavar="N", help="how many workers")
             a.add_argument("--device", default="auto", help="auto, cpu or cuda (a GPU per worker)")
             a.add_argument("--memory-budget", default=None, help="bytes each resident store may hold (2G, 512M)")
+            a.add_argument("--wait", type=float, default=None, metavar="SECONDS",
+                           help="how long the cluster has to find room for the workers (default 120)")
+            a.add_argument("--allow-code", action="store_true",
+                           help="run stages (functions clients send, docs/stages.md) for the pool's clients")
             a.add_argument("--insecure", action="store_true",
                            help="use a cluster without token authentication (anyone who reaches it joins the pool)")
     return p
@@ -55,6 +59,8 @@ def main(argv: list[str]) -> int:
             p.error(str(exc))
         if opts.workers < 1:
             p.error("--workers must be >= 1")
+        if opts.wait is not None and not opts.wait >= 0:
+            p.error("--wait must be >= 0")
     # D210: only `up` gives keys to the cluster; status and down work on any cluster, with the warning
     why, warning = check(opts.ray, insecure=getattr(opts, "insecure", False) or opts.action != "up")
     if why is not None:
@@ -64,6 +70,9 @@ def main(argv: list[str]) -> int:
         _say(f"warning: {warning}")
     try:
         return _run(opts, device, budget)
+    except KeyboardInterrupt:  # D267: what up had placed is removed on the way out
+        _say(f"{opts.action} interrupted" + (": nothing left placed" if opts.action == "up" else ""))
+        return 130
     except Exception as exc:  # Ray's failures in one line, not its traceback
         text = (str(exc).strip().splitlines() or [""])[0][:300]
         _say(f"{opts.action} failed: {type(exc).__name__}: {text}")
@@ -77,11 +86,16 @@ def _run(opts: argparse.Namespace, device: str | None, budget: int | None) -> in
         print(manage.table(manage.status(opts.ray, opts.name)))
         return 0
     if opts.action == "down":
-        print(f"pool {opts.name}: {manage.down(opts.ray, opts.name)} workers stopped")
+        stopped = manage.down(opts.ray, opts.name)
+        print(f"pool {opts.name}: {len(stopped)} workers stopped" + "".join(f"\n  {s}" for s in stopped))
         return 0
     t = time.monotonic()
-    rows, made = manage.up(opts.ray, opts.workers, device, budget, opts.name)
+    wait = manage.WAIT_S if opts.wait is None else opts.wait
+    rows, made = manage.up(opts.ray, opts.workers, device, budget, opts.name, wait=wait, allow_code=opts.allow_code,
+                           say=lambda text: print(f"pool {opts.name}: {text}", flush=True))
     verb = f"up in {time.monotonic() - t:.1f}s" if made else "was up already: nothing made"
+    if rows and not made and any(bool(r.get("allow_code")) != opts.allow_code for r in rows):
+        verb += " (its workers' --allow-code differs: pool down first to change it)"
     print(f"pool {opts.name} {verb}, {len(rows)} workers")
     print(manage.table(rows))
     return 0

@@ -12,9 +12,12 @@ from typing import Any, Callable
 
 from . import NAMESPACE, actor_name
 from .actor import PoolWorker
+from .host import reap
 
 MAX_RESTARTS = -1    # Ray restarts a pool worker whenever it dies, until `pool down`
 MAX_TASK_RETRIES = 3  # join, describe and stats are idempotent: retried across a restart
+WAIT_S = 120.0        # D267: pool up waits this long for room on the cluster unless --wait says otherwise
+SAY_WAITING_AFTER_S = 2.0  # a placement group not placed by then is waited for aloud
 MAX_RAY_MESSAGES = 20  # Ray's messages recorded per process; Ray's session logs keep them all
 
 
@@ -96,11 +99,27 @@ def wants_gpu(ray: Any, device: str) -> bool:
     return device == "auto" and ray.cluster_resources().get("GPU", 0) >= 1
 
 
+class NoRoom(RuntimeError):
+    """The cluster did not find room for the pool's workers within ``--wait`` (D267)."""
+
+
+def shortfall(ray: Any, workers: int, bundle: dict[str, float]) -> str:
+    """What the pool waits for, in one line: ``3 GPUs, cluster has 2 (0 free)``."""
+    total, free = ray.cluster_resources(), ray.available_resources()
+    unit = "GPU" if "GPU" in bundle else "CPU"
+    return (f"{workers} {unit}s (one per worker), cluster has {total.get(unit, 0):g} "
+            f"({free.get(unit, 0):g} free)")
+
+
 def up(address: str, workers: int, device: str = "auto", memory_budget: int | None = None,
-       name: str = "default", timeout: float = 300.0, log: Callable[[str], None] | None = None
+       name: str = "default", timeout: float = 300.0, log: Callable[[str], None] | None = None,
+       wait: float = WAIT_S, allow_code: bool = False, say: Callable[[str], None] | None = None
        ) -> tuple[list[dict[str, Any]], bool]:
-    """Bring the pool up (or find it up); returns (each worker's description, whether it was made now)."""
+    """Bring the pool up (or find it up); returns (each worker's description, whether it was made now).
+    ``wait``: seconds the cluster has to find room (``say`` is told what it waits for); D267: the
+    placement group goes again on any failure, a timeout and an interrupt included."""
     ray = connect(address, log or _stderr)
+    from ray.util import remove_placement_group
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -110,14 +129,41 @@ def up(address: str, workers: int, device: str = "auto", memory_budget: int | No
     gpu = wants_gpu(ray, device)
     bundle = {"CPU": 1, "GPU": 1} if gpu else {"CPU": 1}
     pg = placement_group([bundle] * workers, strategy="SPREAD", name=name, lifetime="detached")
-    ray.get(pg.ready(), timeout=timeout)
-    cls = ray.remote(PoolWorker)
-    handles = [cls.options(name=actor_name(name, i), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-                           max_restarts=MAX_RESTARTS, max_task_retries=MAX_TASK_RETRIES, num_cpus=1,
-                           num_gpus=1 if gpu else 0, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                               pg, placement_group_bundle_index=i)).remote(actor_name(name, i), device, memory_budget)
-               for i in range(workers)]
-    return [ray.get(h.describe.remote(), timeout=timeout) for h in handles], True
+    handles: list[Any] = []
+    try:
+        _wait_for_room(ray, pg, workers, bundle, wait, say or _stderr)
+        cls = ray.remote(PoolWorker)
+        for i in range(workers):
+            handles.append(cls.options(
+                name=actor_name(name, i), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+                max_restarts=MAX_RESTARTS, max_task_retries=MAX_TASK_RETRIES, num_cpus=1, num_gpus=1 if gpu else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+            ).remote(actor_name(name, i), device, memory_budget, allow_code, name))
+        return [ray.get(h.describe.remote(), timeout=timeout) for h in handles], True
+    except BaseException:
+        for h in handles:  # detached: nothing else would ever end them
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:
+                pass
+        remove_placement_group(pg)
+        raise
+
+
+def _wait_for_room(ray: Any, pg: Any, workers: int, bundle: dict[str, float], wait: float,
+                   say: Callable[[str], None]) -> None:
+    """Until the placement group is placed, saying once (after a moment) what it waits for; raises
+    :class:`NoRoom` naming the shortfall after ``wait`` seconds."""
+    ready = pg.ready()
+    deadline = time.monotonic() + wait
+    first = min(SAY_WAITING_AFTER_S, wait)
+    done, _ = ray.wait([ready], timeout=first)
+    if done:
+        return
+    say(f"waiting for {shortfall(ray, workers, bundle)}; up to {wait:g} s (--wait)")
+    done, _ = ray.wait([ready], timeout=max(deadline - time.monotonic(), 0.0))
+    if not done:
+        raise NoRoom(f"no room within {wait:g} s: needs {shortfall(ray, workers, bundle)}")
 
 
 def status(address: str, name: str = "default", timeout: float = 30.0,
@@ -133,30 +179,38 @@ def status(address: str, name: str = "default", timeout: float = 30.0,
     return rows
 
 
-def down(address: str, name: str = "default", timeout: float = 30.0, log: Callable[[str], None] | None = None) -> int:
-    """Close and kill the pool's actors (no restart) and remove its placement group; returns how many."""
+def down(address: str, name: str = "default", timeout: float = 30.0, log: Callable[[str], None] | None = None,
+         env: dict | None = None) -> list[str]:
+    """Close and kill the pool's actors (no restart), remove its placement group, then stop what the
+    pool left running on this host (D266: orphans of a lost raylet); returns what stopped, one line each."""
     ray = connect(address, log or _stderr)
     from ray.util import placement_group_table, remove_placement_group
     from ray.util.placement_group import get_placement_group
 
-    killed = names(ray, name)
-    for n in killed:
+    stopped, pids = [], set()
+    for n in names(ray, name):
         handle = ray.get_actor(n)
         try:
+            d = ray.get(handle.describe.remote(), timeout=timeout)
+            pids.add(d["pid"])
+            stopped.append(f"{n} on {d['node']} (pid {d['pid']})")
             ray.get(handle.close.remote(), timeout=timeout)  # its socket closed before its process goes
         except Exception:
-            pass  # dead or restarting: the kill below ends it all the same
+            stopped.append(f"{n} (not answering)")  # dead or restarting: the kill below ends it all the same
         ray.kill(handle, no_restart=True)
     deadline = time.monotonic() + timeout
     while names(ray, name) and time.monotonic() < deadline:
         time.sleep(0.1)
     try:
         pg = get_placement_group(name)
+        if placement_group_table(pg).get("state") != "REMOVED":
+            remove_placement_group(pg)
     except ValueError:
-        return len(killed)
-    if placement_group_table(pg).get("state") != "REMOVED":
-        remove_placement_group(pg)
-    return len(killed)
+        pass
+    for e in reap(ray.get_runtime_context().gcs_address, name, env):
+        if e["pid"] not in pids:
+            stopped.append(f"{e['name']} on {e.get('where', '?')} (pid {e['pid']}, orphaned)")
+    return stopped
 
 
 TABLE = ("worker", "node", "device", "state", "calls", "resident bytes")

@@ -67,3 +67,45 @@ def stop_head(proc: subprocess.Popen) -> None:
         os.killpg(proc.pid, signal.SIGKILL)  # what its children left behind
     except ProcessLookupError:
         pass
+
+
+def start_node(directory: Path, env: dict[str, str], head: str, num_gpus: int) -> subprocess.Popen:
+    """Another node of the cluster at ``head`` on this host (one CPU, ``num_gpus`` logical GPUs), its
+    processes in one process group: a raylet of its own, as on another machine."""
+    log_path = directory / f"node-{free_port()}.log"
+    cmd = [RAY, "start", "--block", "--address", head, "--node-ip-address", "127.0.0.1", "--num-cpus", "1",
+           "--num-gpus", str(num_gpus), "--disable-usage-stats",
+           "--dashboard-agent-listen-port", str(free_port())]
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+                                stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + START_DEADLINE_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(log_path.read_text()[-3000:])
+        if "Ray runtime started" in log_path.read_text():
+            return proc
+        time.sleep(0.2)
+    stop_head(proc)
+    raise RuntimeError("ray start (a node) did not finish")
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_bytes()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(b")") + 2:].split()[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

@@ -1,0 +1,225 @@
+"""A pool's life on an EMULATED cluster of three nodes on this host (a head without GPUs and two
+nodes with one logical GPU each, every node a raylet of its own in its own process group, loopback
+only): `pool up` waits aloud and leaves nothing placed when it gives up, workers are named by their
+node, a worker whose raylet dies exits, `pool down` leaves no process behind, and `--allow-code`
+is what lets a pool worker run stages. The commands run as the user runs them, each in a process of
+its own; this one never joins Ray (the pids come from the pool's records on this host)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from fusion_shim.pool import host
+from fusion_shim.procinfo import proc_start
+from tests.helpers.environment import ROOT
+from tests.pool.clusters import children, command_line, start_head, start_node, stop_head, token_env
+
+pytest.importorskip("ray")
+
+DEADLINE_S = 300.0  # generous: the machine is shared; a worker imports torch as it starts
+STAGE_PROBE = str(ROOT / "tests" / "pool" / "stage_probe.py")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    directory = Path(tempfile.mkdtemp(prefix="rpl", dir="/tmp"))  # Ray: socket paths <= 107 bytes
+    env = {**token_env(directory), "XDG_STATE_HOME": str(directory / "state")}
+    head, address = start_head(directory, env)
+    nodes = []
+    try:
+        nodes = [start_node(directory, env, address, num_gpus=1) for _ in range(2)]
+        yield address, env, nodes
+    finally:
+        for proc in [*nodes, head]:
+            stop_head(proc)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _pool(cluster, *argv: str) -> subprocess.CompletedProcess:
+    address, env, _ = cluster
+    action, rest = argv[0], list(argv[1:])
+    return subprocess.run([sys.executable, "-m", "fusion_shim", "pool", action, "--ray", address, *rest],
+                          capture_output=True, text=True, timeout=DEADLINE_S, env={**os.environ, **env})
+
+
+def _records(cluster, pool: str) -> list[dict]:
+    """The pool's workers recorded on this host (every one ever started here and not yet reaped)."""
+    directory = Path(host.state_dir(cluster[1]))
+    found = []
+    for path in sorted(directory.glob("*.json")) if directory.exists() else ():
+        entry = json.loads(path.read_text())
+        if entry["pool"] == pool:
+            found.append(entry)
+    return found
+
+
+def _alive(entry: dict) -> bool:
+    return proc_start(entry["pid"]) == entry["start"]
+
+
+def _wait_for(predicate, what: str, deadline_s: float = DEADLINE_S):
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        got = predicate()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_pool_up_past_the_clusters_gpus_fails_in_one_line_and_the_next_up_succeeds(cluster):
+    short = _pool(cluster, "up", "--workers", "3", "--wait", "5")
+    assert short.returncode == 1, short.stderr[-2000:]
+    lines = short.stderr.strip().splitlines()
+    assert len(lines) == 1 and "3 GPUs" in lines[0] and "cluster has 2" in lines[0], short.stderr
+    assert "waiting for 3 GPUs" in short.stdout and "cluster has 2" in short.stdout, short.stdout
+    ok = _pool(cluster, "up", "--workers", "2")  # its placement group went with the failure: no name clash
+    try:
+        assert ok.returncode == 0, ok.stderr[-2000:]
+        status = _pool(cluster, "status")
+        assert status.returncode == 0, status.stderr[-2000:]
+        rows = [ln.split() for ln in status.stdout.splitlines()[1:]]
+        assert [r[0] for r in rows] == ["default.0", "default.1"], status.stdout
+        nodes = [r[1] for r in rows]
+        assert all(re.fullmatch(r"[0-9a-f]{8}@[0-9.]+", n) for n in nodes) and len(set(nodes)) == 2, nodes
+    finally:
+        down = _pool(cluster, "down")
+    assert down.returncode == 0, down.stderr[-2000:]
+    assert "2 workers stopped" in down.stdout and "default.0 on " in down.stdout and "default.1 on " in down.stdout
+    assert all(not _alive(e) for e in _records(cluster, "default"))
+
+
+def test_pool_up_interrupted_while_waiting_leaves_nothing_placed(cluster):
+    address, env, _ = cluster
+    proc = subprocess.Popen([sys.executable, "-m", "fusion_shim", "pool", "up", "--ray", address, "--workers", "3",
+                             "--wait", "600", "--name", "i"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, **env})
+    try:
+        assert "waiting for 3 GPUs" in proc.stdout.readline()  # blocks until it says so
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert err.strip().splitlines()[-1].endswith("up interrupted: nothing left placed"), err
+    ok = _pool(cluster, "up", "--workers", "2", "--name", "i")
+    try:
+        assert ok.returncode == 0, ok.stderr[-2000:]
+    finally:
+        assert _pool(cluster, "down", "--name", "i").returncode == 0
+
+
+def test_a_pool_worker_runs_stages_only_when_started_with_allow_code(cluster):
+    address = cluster[0]
+    for name, flags in (("code", ["--allow-code"]), ("plain", [])):
+        up = _pool(cluster, "up", "--workers", "1", "--device", "cpu", "--name", name, *flags)
+        try:
+            assert up.returncode == 0, up.stderr[-2000:]
+            out = subprocess.run([sys.executable, STAGE_PROBE, address, f"{name}.0"], capture_output=True, text=True,
+                                 timeout=DEADLINE_S, env={**os.environ, **cluster[1]}, cwd=ROOT)
+            assert out.returncode == 0, out.stderr[-3000:]
+            answer = out.stdout.strip().splitlines()[-1]
+            if flags:
+                assert answer == "ran 12.0", out.stdout
+            else:
+                assert answer.startswith("refused") and "--allow-code" in answer, out.stdout
+        finally:
+            assert _pool(cluster, "down", "--name", name).returncode == 0
+
+
+def test_pool_down_stops_a_recorded_process_that_is_still_ours_and_leaves_others(tmp_path):
+    env = {"XDG_STATE_HOME": str(tmp_path)}
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    elsewhere = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        host.record("c:1", "p", "p.0", "abcd1234@127.0.0.1", env, pid=orphan.pid)
+        host.record("c:1", "p", "p.1", "abcd1234@127.0.0.1", env, pid=other.pid)
+        entry = next(e for _, e in host.records("c:1", "p", env) if e["pid"] == other.pid)
+        entry["start"] += 1  # the pid now names another process than the one recorded
+        Path(host.state_dir(env), f"{other.pid}.json").write_text(json.dumps(entry))
+        host.record("c:2", "p", "p.0", "abcd1234@127.0.0.1", env, pid=elsewhere.pid)  # another cluster's pool
+        stopped = host.reap("c:1", "p", env)
+        assert [e["name"] for e in stopped] == ["p.0"]
+        assert orphan.wait(60) == -signal.SIGTERM
+        assert other.poll() is None and elsewhere.poll() is None
+        assert host.records("c:1", "p", env) == [] and len(host.records("c:2", "p", env)) == 1
+    finally:
+        for proc in (orphan, other, elsewhere):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(60)
+
+
+def test_a_worker_whose_raylet_dies_exits_and_pool_down_leaves_no_process(cluster):
+    """Run last: it kills a node of the module's cluster."""
+    up = _pool(cluster, "up", "--workers", "2", "--name", "o")
+    assert up.returncode == 0, up.stderr[-2000:]
+    recorded = {e["pid"]: e for e in _records(cluster, "o")}
+    assert len(recorded) == 2
+    node = cluster[2][1]
+    raylet = next(p for p in children(node.pid) if "raylet" in command_line(p).split(" ")[0])
+    victim = next(e for e in recorded.values() if e["pid"] in children(raylet))
+    os.kill(raylet, signal.SIGKILL)
+    _wait_for(lambda: not _alive(victim), f"the orphaned worker {victim['name']} (pid {victim['pid']}) to exit")
+    down = _pool(cluster, "down", "--name", "o")
+    assert down.returncode == 0, down.stderr[-2000:]
+    assert "workers stopped" in down.stdout
+    every = [*recorded.values(), *_records(cluster, "o")]  # a copy Ray started meanwhile, too
+    assert [e["name"] for e in every if _alive(e)] == [], down.stdout
+    assert _records(cluster, "o") == []
+
+
+GRANDCHILD = """
+import sys, time
+from fusion_shim.pool import host
+host.watch(lambda: open(sys.argv[1], "w").write("stopped serving"), lambda: None, every_s=0.1)
+print("watching", flush=True)
+time.sleep(600)
+"""
+PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1], sys.argv[2]])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True
+    return stat[stat.rindex(b")") + 2:].split()[0] in (b"Z", b"X")  # exited; its new parent reaps it
+
+
+def test_the_watchdog_stops_serving_and_ends_the_process_once_its_parent_is_gone(tmp_path):
+    """What a pool worker runs against its raylet (D265), with a plain parent in the raylet's place."""
+    marker = tmp_path / "stopped"
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, GRANDCHILD, str(marker)], stdout=subprocess.PIPE,
+                              text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    child = None
+    try:
+        child = int(parent.stdout.readline())
+        assert parent.stdout.readline().strip() == "watching"
+        assert not _gone(child)
+        parent.kill()
+        parent.wait(60)
+        _wait_for(lambda: _gone(child), "the orphan to exit", 120)
+        assert marker.read_text() == "stopped serving"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        if child is not None and not _gone(child):
+            os.kill(child, signal.SIGKILL)

@@ -3,6 +3,7 @@ worker URL is given; whether this host has a GPU it could use; its scheduling pr
 from __future__ import annotations
 
 import os
+import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -149,3 +150,15 @@ def _idle_priority(pid: int) -> bool:
         return os.sched_getscheduler(pid) == os.SCHED_IDLE
     except (AttributeError, OSError):
         return False
+
+
+def fatal_fix(why: str | None, code: int | None, was_ready: bool) -> str | None:
+    """The fix for an embedded worker's exit that a restart will not cure, or None: an import error,
+    or any exception before it was ever ready (a bad device, a broken install). A kill is retried."""
+    if not why or code is None or code <= 0 or not re.match(r"[\w.]+(Error|Exception)\b", why):
+        return None
+    if why.startswith(("ModuleNotFoundError", "ImportError")):
+        return "this Python lacks the worker's packages: pip install 'fusion-shim[worker]', or --worker URL"
+    if was_ready:
+        return None
+    return "check --device (FUSION_SHIM_DEVICE) and the worker's install, or give --worker URL"

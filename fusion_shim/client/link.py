@@ -2,7 +2,8 @@
 
 A link's states: ``starting`` (a cold worker: under ``remote`` the first call waits for it),
 ``ready``, ``down`` (a fault: probed again in the background, backing off, while calls run locally),
-``deferred`` (D40: an embedded CPU worker not started yet), ``stopped``. Each thread and each
+``deferred`` (D40: an embedded CPU worker not started yet), ``shared_cpus`` (D301: a worker on this
+host's CPUs that ``auto`` does not use), ``stopped``. Each thread and each
 process has its own channel: a forked child opens its own (``Channel.pid``). An embedded worker that
 died is restarted up to ``MAX_RESTARTS`` times. A pool's worker (``endpoint``, :mod:`fusion_shim.pool`)
 is restarted by Ray: after a fault its link asks ``locate`` where it is now, and a new endpoint is a
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -25,6 +25,7 @@ from typing import Any
 from .. import plan, procinfo, transport
 from ..config import Config
 from ..ledger import Ledger
+from ..plan import cpuwins
 from ..protocol import messages
 from ..transport import shm as shmlane
 from . import embedded, linkprobe, rundir
@@ -194,6 +195,14 @@ class WorkerLink:
             self.info = info
             self.cpus_shared = self.shares_cpus()
             self.contended = self.cpus_shared and embedded.parallel_blas()
+            aside = self.config.policy == "auto" and self.cpus_shared and (self.pool is not None or self._tcp())
+            why = cpuwins.shared_worker_why() if aside else None  # D301: D40's rule, for a pool's or tcp worker
+            if why is not None:
+                self.state = "stopped" if self.stopped else "shared_cpus"  # never ready: no call goes there
+                self.ledger.event(f"worker at {self.url} ({info.get('device')}) computes on this host's CPUs: "
+                                  f"under auto it gets no call: {why}")
+                ok = True
+                return
             if offer is not None:
                 self.lane.answered(header.get("shm"), info.get("pid"))
             if self.ready_after_s is not None:  # back after a fault: the link was measured before
@@ -439,7 +448,7 @@ class WorkerLink:
                 return
             why = self._exit_reason()
             exited = f"embedded worker exited (code {self.proc.returncode}{': ' + why if why else ''})"
-            fix = _fatal_fix(why, self.proc.returncode, self.ready_after_s is not None)
+            fix = embedded.fatal_fix(why, self.proc.returncode, self.ready_after_s is not None)
             if fix is not None:
                 self.restarts = MAX_RESTARTS  # a restart would meet the same error
                 self.ledger.event(f"{exited}; not restarted: {fix}; the run stays local")
@@ -540,18 +549,6 @@ class WorkerLink:
                 self.channel().request(messages.stats_request(rid, names), time.monotonic() + 0.5, self.watch)
             except transport.TransportError:
                 pass  # it unmaps them when it sees this process gone
-
-
-def _fatal_fix(why: str | None, code: int | None, was_ready: bool) -> str | None:
-    """The fix for an embedded worker's exit that a restart will not cure, or None: an import error,
-    or any exception before it was ever ready (a bad device, a broken install). A kill is retried."""
-    if not why or code is None or code <= 0 or not re.match(r"[\w.]+(Error|Exception)\b", why):
-        return None
-    if why.startswith(("ModuleNotFoundError", "ImportError")):
-        return "this Python lacks the worker's packages: pip install 'fusion-shim[worker]', or --worker URL"
-    if was_ready:
-        return None
-    return "check --device (FUSION_SHIM_DEVICE) and the worker's install, or give --worker URL"
 
 
 _said: set = set()  # what was said on stderr, once each per process (an address, or a kind and address)

@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # made on first need (D113): their modules load ZeroMQ, msgpa
 
     from ..plan import Planner
     from ..plan.cpuwins import CpuEvidence
+    from ..plan.poolopen import PoolEvidence
     from .call import CallPath
     from .checks import Checks
     from .link import WorkerLink
@@ -68,7 +69,8 @@ class Runtime:
         deferred = (config.policy == "auto" and urls == [None] and config.device == "auto"
                     and not embedded.gpu_visible())
         # D281: until then calls are counted as made with no worker ready (deferred: by its evidence floors)
-        self.ledger = Ledger(trace_io=config.report is not None, unready=config.policy == "auto" and not deferred)
+        self.ledger = Ledger(trace_io=config.report is not None,
+                             unready=config.policy == "auto" and not (deferred or bool(config.pool)))
         self.guard = GUARD  # .busy: the shim's own NumPy calls must not re-enter it
         self.local_only = config.policy == "local"
         self.export_env = export_env
@@ -77,6 +79,8 @@ class Runtime:
         self._urls = urls
         self.pool: Any = None  # pool.locate.Pool, once opened
         self._endpoints: list = []  # its workers (pool.locate.Endpoint), in the links' order
+        self._pool_background = False  # D300: under auto the pool is opened on a thread of its own,
+        self._pool_ident: int | None = None  # ... this one
         self._pid = os.getpid()
         # the cells every wrapped function reads, from install on; the planner, once made, keeps them
         self._floor_cells = floor_cells(config.policy)
@@ -86,8 +90,10 @@ class Runtime:
         self._links_made = False
         self._calls: "CallPath | None" = None
         self._started = False
-        self.deferred = deferred
-        self._evidence: "CpuEvidence | None" = None
+        # D302: under auto a pool is opened on evidence too: the program's calls must pay Ray's cost
+        self.pool_deferred = bool(config.pool) and config.policy == "auto"
+        self.deferred = deferred or self.pool_deferred
+        self._evidence: "CpuEvidence | PoolEvidence | None" = None
         self._evidence_floor = NEVER
         self._cpu_started_s: float | None = None  # when the evidence started the deferred worker
         if self.deferred:
@@ -128,12 +134,10 @@ class Runtime:
         from ..pool.locate import Pool
 
         t = time.perf_counter()
-        busy, self.guard.busy = getattr(self.guard, "busy", False), True  # Ray's own NumPy calls pass through
-        try:
-            self.pool = Pool(self.config.pool, self.ledger.event, self.config.insecure)
-            endpoints, why = self.pool.open()
-        finally:
-            self.guard.busy = busy
+        # D300: under auto nobody waits for Ray's helpers: they run at idle priority, as a deferred worker's start
+        idle = embedded.lower_priority if self.pool_deferred else None
+        self.pool = Pool(self.config.pool, self.ledger.event, self.config.insecure, idle)
+        endpoints, why = self.pool.open()
         self.note_startup("pool", time.perf_counter() - t)
         if why is not None:
             self.ledger.event(f"pool {self.config.pool} not used, every call runs here: {why}")
@@ -187,6 +191,8 @@ class Runtime:
             if self._links_made or self.local_only:
                 return
             planner = self.planner
+            if self.local_only:  # the pool was not usable, or the run ended while it was opened
+                return
             t = time.perf_counter()
             from .link import WorkerLink
 
@@ -195,7 +201,7 @@ class Runtime:
             self._links.extend(WorkerLink(self.config, self.ledger, planner, url, i, endpoint, locate)
                                for i, (url, endpoint) in enumerate(zip(self._urls, endpoints)))
             self._links_made = True
-            if self.deferred:
+            if self.deferred and not self.pool_deferred:
                 first = self._links[0]
                 first.state = "deferred"
                 if self._deferred_dir is not None:
@@ -266,22 +272,52 @@ class Runtime:
         if self.local_only or self._started:
             return
         self._started = True
+        if self.pool_deferred:
+            self.ledger.event(f"pool {self.config.pool}: opened (Ray asked) only once this program's calls have "
+                              f"taken long enough here to pay what that costs (D302)")
+            return
         if self.deferred:
             self._defer()
             return
-        for link in self.links:  # the floors stay NEVER until one is ready (Planner.held)
-            link.start()
-        if self.config.policy == "auto":  # calibration and floors run there: started off the program's calls
-            self._background_thread()
-        if self.export_env and self.link is not None and self.link.embedded:
+        self._start_links()
+        if self.export_env and not self.config.pool and self.link is not None and self.link.embedded:
             os.environ["FUSION_SHIM_WORKER"] = self.link.url
+
+    def _open_in_background(self) -> None:
+        """D300: the pool opened, its planner and links made and started, off the program's thread:
+        none of it is the program's start-up; the report's pool section says what Ray cost."""
+        self._pool_ident = _thread.get_ident()
+        t = time.perf_counter()
+        self._start_links()
+        self.ledger.event(f"pool opened off the program's thread in {time.perf_counter() - t:.2f} s")
+
+    def _start_links(self) -> None:
+        if self.local_only:
+            return
+        links = self.links
+        if self.pool_deferred and not self.local_only:  # D302: the planner's floors from now on (NEVER until ready)
+            floors = self._evidence.floors() if self._evidence is not None else {}
+            for op in floors:
+                self._floor_cells[op][0] = NEVER
+            self.deferred = False
+            self._publish_floors(NEVER, list(floors))
+        for link in links:  # the floors stay NEVER until one is ready (Planner.held)
+            link.start()
+        if self.config.policy == "auto" and self.links:  # calibration and floors run there: off the program's calls
+            self._background_thread()
 
     def _gather_evidence(self) -> None:
         """D40: the floors of the ops a CPU worker wins here drop to the sizes it wins them at: their
         calls take the slow path, are computed here and timed; every other floor stays NEVER."""
-        from ..plan.cpuwins import CpuEvidence
+        if self.pool_deferred:
+            from ..catalog import CATALOG, OPERATORS
+            from ..plan.poolopen import PoolEvidence
 
-        self._evidence = CpuEvidence()
+            self._evidence = PoolEvidence(s.name for s in (*CATALOG, *OPERATORS))
+        else:
+            from ..plan.cpuwins import CpuEvidence
+
+            self._evidence = CpuEvidence()
         floors = self._evidence.floors()
         for op, floor in floors.items():
             self._floor_cells[op][0] = floor
@@ -312,7 +348,8 @@ class Runtime:
         recorded, evidence for the worker's start, which then happens off the program's thread (the
         planner, the call path and the link are made there, not for this call)."""
         rec = Record(spec.name, spec.family, site=call_site(4), thread=_thread.get_ident(),
-                     reason="embedded worker deferred (no GPU on this host): timed as evidence for its start")
+                     reason="pool not opened yet: timed as evidence for its opening" if self.pool_deferred else
+                     "embedded worker deferred (no GPU on this host): timed as evidence for its start")
         t = time.perf_counter()
         rec.start_s = t - self.ledger.started
         try:
@@ -335,14 +372,30 @@ class Runtime:
     def deferred_why(self) -> str | None:
         """Why the embedded CPU worker has not started, or on what evidence it did (None: never deferred)."""
         evidence = self._evidence
-        if evidence is None:
+        if evidence is None or self.pool_deferred:
             return None
         started = self._cpu_started_s
         return ("not started: " if started is None else f"started at {started:.2f}s: ") + evidence.describe()
 
+    def pool_opening(self) -> str | None:
+        """D302: why the pool was not opened, or on what evidence it was (None: no pool, or not under auto)."""
+        evidence = self._evidence
+        if not self.pool_deferred or evidence is None:
+            return None
+        return ("opened: " if evidence.enough else "not opened (Ray never asked): ") + evidence.describe()
+
     def _start_deferred(self) -> None:
         """The deferred embedded CPU worker: the program's calls have shown it would pay for its start."""
         if self.local_only:
+            return
+        if self.pool_deferred:
+            import threading
+
+            self.ledger.event(f"opening pool {self.config.pool} at {self.ledger.now():.2f}s: "
+                              + (self._evidence.describe() if self._evidence is not None else "asked to"))
+            # D300: Ray is asked off the program's thread; calls run here until a worker is ready
+            self._pool_background = True
+            threading.Thread(target=self._open_in_background, name="fusion-shim-pool", daemon=True).start()
             return
         link = self.link  # made here, off the program's thread, unless something needed it before
         if self.local_only or link is None or link.stopped or link.state != "deferred" or os.getpid() != link.owner:
@@ -359,8 +412,14 @@ class Runtime:
         """Stop the workers this process started and the background thread; wrappers someone kept a
         reference to pass straight through from now on."""
         self.local_only = True
-        with self._made:  # no link is being made meanwhile; none is made after
-            self._links_made = True
+        if self.pool is not None:
+            self.pool.close()  # D300: a helper still asking Ray is ended, not waited for
+        # no link is being made meanwhile; none is made after (one made while a pool opens sees local_only)
+        if self._made.acquire(timeout=0 if self._pool_background else -1):
+            try:
+                self._links_made = True
+            finally:
+                self._made.release()
         for link in self._links:
             link.stop()
         if self._deferred_dir is not None and os.getpid() == self._pid:  # told to children, never used
@@ -387,6 +446,8 @@ class Runtime:
 
     def note_startup(self, phase: str, seconds: float) -> None:
         """Time the shim spent starting, on ``phase``: at install, or on a part's first need."""
+        if _thread.get_ident() == self._pool_ident:  # D300: the pool's thread, not the program's time
+            return
         self.ledger.add_startup(phase, seconds)
 
     def add_counters(self, read: Callable[[], dict[str, int]], reset: Callable[[], None]) -> None:

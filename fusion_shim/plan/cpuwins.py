@@ -89,4 +89,12 @@ class CpuEvidence:
                 f"{self.saving_s:.3g} s there, against the {self.start_cost_s:g} s its start costs")
 
 
-__all__ = ["CPU_WINS", "CpuEvidence", "CpuWin", "MIN_SPEEDUP", "START_COST_S"]
+def shared_worker_why(wins: tuple[CpuWin, ...] | None = None) -> str | None:
+    """D301: why a running worker on this host's CPUs gets no call under auto (None: it may get some).
+    D40's rule, less the start a running worker has already paid: no op a CPU worker wins here by the
+    planner's first-call margin for such a worker, so the planner would give it nothing that pays."""
+    evidence = CpuEvidence(wins)
+    return None if evidence.wins else evidence.describe()
+
+
+__all__ = ["CPU_WINS", "CpuEvidence", "CpuWin", "MIN_SPEEDUP", "START_COST_S", "shared_worker_why"]

@@ -6,8 +6,8 @@ placement group ``NAME``. Each actor (:mod:`.actor`, the worker side) runs the o
 to its node's address, with a key pair made at its start and an allow-list that starts empty;
 :mod:`.manage` brings a pool up and down and reads its status (``fusion-shim pool``, :mod:`.command`);
 :mod:`.locate` is what a client runs: it finds the actors, gives each its public key through Ray and
-learns their endpoints and keys the same way (D152). Only these modules import ray, and only once a
-pool is configured.
+learns their endpoints and keys the same way (D152), through :mod:`.join`, a helper process that is
+the Ray driver (D300). Only these modules import ray, and a program using a pool never does.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import socket
 import stat
 import subprocess
 import sys
-from typing import Mapping
+from typing import Callable, Mapping
 
 REACH_TIMEOUT_S = 3.0   # D151: the TCP check of the cluster's address
 CURRENT_CLUSTER = "/tmp/ray/ray_current_cluster"  # where `ray start` writes this host's cluster address
@@ -22,13 +22,16 @@ START = ("(umask 077 && ray get-auth-token --generate) && "
 AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 
-def check(address: str, insecure: bool = False, env: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
-    """(why the pool must not use the cluster at ``address``, a warning to show) -- each None or one line."""
+def check(address: str, insecure: bool = False, env: Mapping[str, str] | None = None,
+          on_spawn: Callable[[subprocess.Popen], None] | None = None, timeout: float = PROBE_TIMEOUT_S
+          ) -> tuple[str | None, str | None]:
+    """(why the pool must not use the cluster at ``address``, a warning to show) -- each None or one line.
+    ``on_spawn``: called with the probe's process as it starts (D300: a run lowers its priority)."""
     env = os.environ if env is None else env
     why = unreachable(address)
     if why is not None:
         return f"{why}; start one: {START}", None
-    found = probe(address, env)
+    found = probe(address, env, on_spawn, timeout)
     state, dialed = found.get("state"), found.get("address", address)
     if state == "unreachable":
         via = f" (Ray dials {dialed})" if dialed != address else ""
@@ -45,22 +48,28 @@ def check(address: str, insecure: bool = False, env: Mapping[str, str] | None = 
     return None, None
 
 
-def probe(address: str, env: Mapping[str, str]) -> dict:
+def probe(address: str, env: Mapping[str, str], on_spawn: Callable[[subprocess.Popen], None] | None = None,
+          timeout: float = PROBE_TIMEOUT_S) -> dict:
     """:mod:`.probe`'s answer, from a process of its own that carries no token (D211)."""
     # no token, and no shim: FUSION_SHIM=1, inherited from a run, would install it in the probe too
     child = {k: v for k, v in env.items() if k not in AUTH_ENV and not k.startswith("FUSION_SHIM")}
     child["RAY_AUTH_MODE"] = "disabled"
+    proc = subprocess.Popen([sys.executable, "-I", PROBE, address], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=child, stdin=subprocess.DEVNULL)
+    if on_spawn is not None:
+        on_spawn(proc)
     try:
-        out = subprocess.run([sys.executable, "-I", PROBE, address], capture_output=True, text=True, env=child,
-                             timeout=PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
         return {"address": address, "state": "unreachable",
-                "why": f"no answer as a Ray cluster within {PROBE_TIMEOUT_S:.0f} s"}
-    lines = out.stdout.strip().splitlines()
+                "why": f"no answer as a Ray cluster within {timeout:.0f} s"}
+    lines = stdout.strip().splitlines()
     try:
         return json.loads(lines[-1])
     except (IndexError, ValueError):
-        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
+        tail = (stderr.strip().splitlines() or ["no output"])[-1]
         return {"address": address, "state": "error", "why": f"the probe failed: {tail}"[:300]}
 
 

@@ -141,7 +141,7 @@ def build(rt: RunView, ledger: Ledger | None = None) -> dict[str, Any]:
         "ready_after_s": link.ready_after_s, "restarts": link.restarts, "info": link.info,
         "not_ready": link.not_ready_why(),  # D286: where a worker that is not ready is in its start
     }
-    if link is None and rt.deferred:
+    if link is None and rt.deferred and not rt.config.pool:
         worker = _deferred_worker()
     why = rt.deferred_why()
     if worker is not None and why is not None:
@@ -166,7 +166,7 @@ def build(rt: RunView, ledger: Ledger | None = None) -> dict[str, Any]:
     if rt.config.pool:  # D118: the pool's and the stages' modules load only for a run that has them
         from .pool import pool_section
 
-        report["pool"] = pool_section(rt.config.pool, links)
+        report["pool"] = pool_section(rt.config.pool, links, getattr(rt, "pool", None), getattr(rt, "pool_opening", None))
     if "fusion_shim.stages" in sys.modules:  # a stage's records come from that package alone
         from .stages import stages_section
 

@@ -24,7 +24,7 @@ PRODUCTS: tuple[OpSpec, ...] = (
     OpSpec("numpy.kron", "numpy", "kron", "products", "products.rule_kron"),
     OpSpec("numpy.tensordot", "numpy", "tensordot", "products", "products.rule_tensordot", ("axes",)),
     OpSpec("numpy.einsum", "numpy", "einsum", "products", "products.rule_einsum",
-           ("out", "optimize"), args=("operands",)),
+           ("out", "optimize"), args=("operands",), keywords=("dtype", "casting")),
     OpSpec("numpy.matvec", "numpy", "matvec", "products", "products.rule_vecfunc",
            UFUNC_KW, kernel="vecfunc", args=X12),
     OpSpec("numpy.vecmat", "numpy", "vecmat", "products", "products.rule_vecfunc",

@@ -478,10 +478,14 @@ def rule_matrix_rank(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
 
 # --- powers --------------------------------------------------------------------------------------
 
+POWER_MAX = 2**63 - 1  # D262: the exponent travels as a 64-bit integer and the kernel loops over its bits
+
 def rule_matrix_power(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     a = arg(spec, ba, 0)
     n = square(a)
     p = int_param(ba.arguments["n"], "n")
+    if not -POWER_MAX <= p <= POWER_MAX:
+        raise Unsupported(f"n={p} is past the kernel's range (|n| <= 2**63 - 1): computed here")
     if p in (0, 1):
         raise Unsupported(f"n={p}: no products (NumPy returns an identity, or a itself)")
     if p < 0:

@@ -23,6 +23,7 @@ from ..catalog import OpSpec, Prepared, Unsupported, prepare
 from ..config import Config
 from ..errors import FallbackError
 from ..ledger import Ledger, Record, call_site
+from ..protocol import wire
 from . import remote, repeat, residency
 from .checks import Checks, Done
 from .link import WorkerLink
@@ -296,6 +297,9 @@ class CallPath:
             return self._failed(exc, rec, link, call, spec, t_sent, deadline_s, predicted)
         except remote.ReportedHere as exc:  # D198: the worker is fine; NumPy reports what the result holds
             rec.kind, rec.reason = "fallback", str(exc)
+            return rec
+        except wire.Unencodable as exc:  # D263: this side's request, not the worker: nothing was sent
+            rec.kind, rec.reason = "fallback", f"the request could not be encoded here: {exc}"[:300]
             return rec
         except Exception as exc:
             # a bug on the shim's own remote path (not NumPy's error, not the worker's: NumPy runs

@@ -142,6 +142,11 @@ class WireError(ValueError):
     """A message does not follow the format; the text says which rule it broke."""
 
 
+class Unencodable(Exception):
+    """A header this side cannot encode (msgpack refuses a value: an int past 64 bits, an object):
+    nothing was sent, the peer is not at fault."""
+
+
 def to_wire(arr: np.ndarray) -> tuple[dict, Any]:
     """An array's meta and a buffer over its bytes; copies only when the array is neither C- nor
     F-contiguous or not in native byte order."""
@@ -200,7 +205,11 @@ def encode_wired(header: dict, wired: Sequence[tuple[dict, Any]], fps: Sequence[
                 meta = {**meta, "shm": loc}
         metas.append(meta)
     full = {"v": VERSION, **header, "arrays": metas}
-    return [msgpack.packb(full, use_bin_type=True), *bufs]
+    try:
+        head = msgpack.packb(full, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise Unencodable(f"{type(exc).__name__}: {exc}") from None
+    return [head, *bufs]
 
 
 def frame_view(frame: Any) -> memoryview:

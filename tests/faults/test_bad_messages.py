@@ -465,7 +465,7 @@ def test_strict_mode_turns_a_fallback_into_an_error(fake, sock_dir):
     rt = install(fake.url, strict=True, timeout=5.0, ready_timeout=10.0)
     assert rt.link.wait_ready(READY_S)
     with pytest.raises(fusion_shim.FallbackError, match="unsupported"):
-        np.matmul(a.tolist(), b)
+        np.matmul(a.astype(object), b)
 
 
 # -- out of memory (SIMULATED: the backend raises torch's OutOfMemoryError) ------------------------------

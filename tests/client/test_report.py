@@ -33,7 +33,7 @@ def _workload():
     np.linalg.solve(spd, a)
     np.fft.fft(a)
     np.linalg.svd(a)
-    np.dot(a.tolist(), a)           # an array-like: unsupported, computed here
+    np.dot(a.astype(object), a)     # object dtype: unsupported, computed here
     np.matmul(np.ones((2, 2)), np.ones((2, 2)))
 
 

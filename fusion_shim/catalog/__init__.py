@@ -116,8 +116,8 @@ def prepare(spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict) -> 
     except TypeError as exc:
         raise Unsupported(f"arguments do not bind: {exc}") from None
     extra: Any = ba.arguments.get("kwargs") or {}
-    unknown = (sorted(set(ba.arguments) - set(spec.args) - set(spec.params) - {"kwargs"})
-               + sorted(k for k in extra if k not in spec.kwargs))
+    unknown = sorted(set(ba.arguments) - set(spec.args) - set(spec.params) - {"kwargs"}) + sorted(
+        k for k in extra if k not in spec.keywords)
     if unknown:
         raise Unsupported(f"unsupported keyword {unknown[0]}")
     try:

@@ -15,6 +15,7 @@ import inspect
 import math
 import operator
 import sys
+import warnings
 from typing import Any, Callable
 
 import numpy as np
@@ -122,23 +123,53 @@ def cfactor(dt: np.dtype) -> int:
 
 # --- arguments -------------------------------------------------------------------------------------
 
+# D260: what np.asarray turns into an exact ndarray as every row's function does (its dtype is
+# asarray's: np.einsum, np.outer, the product ufuncs take a Python scalar or list as asarray does)
+ARRAY_LIKES = (list, tuple, int, float, complex, bool, np.generic)
+
+
 def array_arg(value: Any, name: str, allow_empty: bool = False) -> ndarray:
-    """An operand as NumPy takes it: an exact ndarray, or a list or tuple converted as NumPy converts
-    it (D306). Python scalars stay NumPy's (their dtype is weak under NEP 50), subclasses too."""
-    if type(value) in (list, tuple):
-        try:
-            value = np.asarray(value)
-        except (ValueError, TypeError, OverflowError) as exc:  # ragged, or not numbers: NumPy says so
-            raise Unsupported(f"{name} is an array-like NumPy does not convert plainly: {exc}") from None
-    elif type(value) is not ndarray:
-        kind = "an array-like" if not isinstance(value, ndarray) else f"subclass {type(value).__name__}"
-        raise Unsupported(f"{name} is {kind}, not an exact ndarray")
+    """An operand as the row's function sees it: an exact ndarray, or an array-like (list, tuple,
+    Python or NumPy scalar) converted as ``np.asarray`` converts it; subclasses stay with NumPy."""
+    if type(value) is not ndarray:
+        if isinstance(value, ndarray) or not isinstance(value, ARRAY_LIKES):
+            kind = "an unknown array-like" if not isinstance(value, ndarray) else f"subclass {type(value).__name__}"
+            raise Unsupported(f"{name} is {kind}, not an exact ndarray")
+        value = as_array(value, name)
     if value.dtype.hasobject or value.dtype.kind not in "biufc":
         raise Unsupported(f"{name} has dtype {value.dtype}")
     if value.size == 0 and not allow_empty:
         # zero-size: no work to offload; NumPy builds its empty (or raises) here, at no cost
         raise Unsupported(f"{name} is empty")
     return value
+
+
+def as_array(value: Any, name: str) -> ndarray:
+    """``np.asarray(value)``, or Unsupported where NumPy's conversion fails, warns or finds a subclass
+    inside (ragged lists, objects with ``__array__``): the library then converts, and raises, itself."""
+    if isinstance(value, (list, tuple)) and not _plain(value, 0):
+        raise Unsupported(f"{name} is a sequence holding other than numbers and exact ndarrays")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            converted = np.asarray(value)
+    except Exception as exc:  # NumPy's own error is raised where the call runs: here, by NumPy
+        raise Unsupported(f"{name} does not convert to an array: {type(exc).__name__}") from None
+    return converted
+
+
+def _plain(seq: Any, depth: int) -> bool:
+    """Every leaf a Python or NumPy number or an exact ndarray (bounded depth: NumPy's is 64)."""
+    if depth > 32:
+        return False
+    for x in seq:
+        t = type(x)
+        if t is list or t is tuple:
+            if not _plain(x, depth + 1):
+                return False
+        elif not (t is ndarray or t in (int, float, complex, bool) or isinstance(x, np.generic)):
+            return False
+    return True
 
 
 def arg(spec: OpSpec, ba: inspect.BoundArguments, i: int = 0, name: str | None = None) -> ndarray:

@@ -478,14 +478,14 @@ def rule_matrix_rank(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
 
 # --- powers --------------------------------------------------------------------------------------
 
-EXPONENT_MAX = 1 << 63  # D305: matrix_power's kernel takes an int64 exponent
+POWER_MAX = 2**63 - 1  # D262: the exponent travels as a 64-bit integer and the kernel loops over its bits
 
 def rule_matrix_power(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     a = arg(spec, ba, 0)
     n = square(a)
     p = int_param(ba.arguments["n"], "n")
-    if not -EXPONENT_MAX < p < EXPONENT_MAX:  # D305: the kernel's exponent is an int64
-        raise Unsupported(f"n={p} is past the kernel's 64-bit exponent")
+    if not -POWER_MAX <= p <= POWER_MAX:
+        raise Unsupported(f"n={p} is past the kernel's range (|n| <= 2**63 - 1): computed here")
     if p in (0, 1):
         raise Unsupported(f"n={p}: no products (NumPy returns an identity, or a itself)")
     if p < 0:

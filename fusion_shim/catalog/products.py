@@ -13,7 +13,7 @@ import numpy as np
 
 from .base import (
     OpSpec, Prepared, Unsupported, arg, array_arg, batch_of, cfactor, gufunc_layout, int_param, layout_of, native,
-    ndarray, norm_axis, out_arg, perm_layout, probe, product_dtype, tiny,
+    ndarray, norm_axis, out_arg, perm_layout, PRODUCT_DTYPES, probe, product_dtype, tiny,
 )
 
 
@@ -208,7 +208,8 @@ def _einsum_parse(subscripts: str, arrays: list[ndarray]) -> tuple[list[str], st
     ell_shapes = []
     labels_per = []
     for term, arr in zip(terms, arrays):
-        if term.count("...") > 1 or term.replace("...", "").count(".") or not term.replace("...", "").isalpha():
+        bare = term.replace("...", "")
+        if term.count("...") > 1 or "." in bare or (bare and not bare.isalpha()):  # '' labels a 0-d operand
             raise Unsupported(f"subscript term {term!r} is not understood")
         plain = term.replace("...", "")
         n_ell = arr.ndim - len(plain)
@@ -236,60 +237,80 @@ def _einsum_parse(subscripts: str, arrays: list[ndarray]) -> tuple[list[str], st
     return labels_per, rhs, sizes, ell
 
 
-_CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
+def _einsum_label(x: Any) -> str:
+    """D261: a label of the interleaved form as NumPy's C parser spells it: 0-25 'A'-'Z', 26-51 'a'-'z'
+    (so that the implicit output, sorted, keeps the integers' order), Ellipsis '...'."""
+    if x is Ellipsis:
+        return "..."
+    s = int_param(x, "sublist label")
+    if not 0 <= s < 52:
+        raise Unsupported(f"sublist label {s} is out of range (NumPy raises)")
+    return chr(ord("A") + s) if s < 26 else chr(ord("a") + s - 26)
 
 
-def _sublist(sub: Any) -> str:
-    """An interleaved operand's sublist as subscripts, as NumPy's C einsum spells it: 0-25 are
-    'A'-'Z', 26-51 'a'-'z', ``Ellipsis`` is '...' (so the implicit output sorts as NumPy's does)."""
-    if isinstance(sub, (str, bytes)) or not hasattr(sub, "__iter__"):
-        raise Unsupported("an einsum sublist is not a sequence")
-    out = []
-    for s in sub:
-        if s is Ellipsis:
-            out.append("...")
-            continue
-        i = int_param(s, "an einsum sublist entry")
-        if not 0 <= i < 52:
-            raise Unsupported(f"einsum sublist entry {i} is outside 0-51")  # NumPy raises its ValueError
-        out.append(chr(ord("A") + i) if i < 26 else chr(ord("a") + i - 26))
-    return "".join(out)
-
-
-def _einsum_operands(operands: tuple) -> tuple[str, list]:
-    """(subscripts, operands) of either form: a subscripts string first, or the interleaved form
-    ``einsum(op0, sublist0, op1, sublist1, ..., [sublist_out])``."""
+def einsum_operands(operands: tuple) -> tuple[str, list]:
+    """(subscripts, operands) of either form: ``einsum("ij,jk", a, b)`` or the interleaved
+    ``einsum(a, [0, 1], b, [1, 2], [0, 2])``, rewritten as the equivalent subscripts string."""
+    if not operands:
+        raise Unsupported("einsum without operands (NumPy raises)")
     if isinstance(operands[0], str):
         return operands[0], list(operands[1:])
-    ops, subs = list(operands[0::2]), list(operands[1::2])
-    out = None
-    if len(operands) % 2:  # the last item is the output's sublist
-        out = ops.pop()
-    if len(subs) != len(ops):
-        raise Unsupported("einsum's interleaved operands and sublists do not pair up")
-    lhs = ",".join(_sublist(s) for s in subs)
-    return (lhs if out is None else f"{lhs}->{_sublist(out)}"), ops
+    pairs, rest = len(operands) // 2, operands[len(operands) // 2 * 2:]
+    terms, arrays = [], []
+    for i in range(pairs):
+        sub = operands[2 * i + 1]
+        if not isinstance(sub, (list, tuple)):
+            raise Unsupported("an interleaved einsum's sublist is not a list (NumPy raises)")
+        terms.append("".join(_einsum_label(x) for x in sub))
+        arrays.append(operands[2 * i])
+    subscripts = ",".join(terms)
+    if rest:
+        if not isinstance(rest[0], (list, tuple)):
+            raise Unsupported("an interleaved einsum's output is not a list (NumPy raises)")
+        subscripts += "->" + "".join(_einsum_label(x) for x in rest[0])
+    return subscripts, arrays
+
+
+EINSUM_CASTINGS = ("no", "equiv", "safe", "same_kind", "unsafe")
+
+
+def _einsum_dtype(ba: inspect.BoundArguments, arrays: list[ndarray]) -> tuple[np.dtype, dict]:
+    """The dtype einsum computes in, and its ``dtype=``/``casting=`` as given: NumPy casts every
+    operand to ``dtype`` (else their common type) under ``casting`` (default 'safe'), and raises
+    where that cast is not allowed: such a call is left to it."""
+    kwargs = ba.arguments.get("kwargs") or {}
+    given = {k: kwargs[k] for k in ("dtype", "casting") if k in kwargs}
+    casting = given.get("casting", "safe")
+    if casting not in EINSUM_CASTINGS:
+        raise Unsupported(f"casting={casting!r} is not understood (NumPy raises)")
+    if given.get("dtype") is None:
+        dt = product_dtype(*arrays)
+    else:
+        try:
+            dt = np.dtype(given["dtype"])
+        except TypeError:
+            raise Unsupported(f"dtype={given['dtype']!r} is not a dtype (NumPy raises)") from None
+        if not dt.isnative or dt not in PRODUCT_DTYPES:
+            raise Unsupported(f"einsum dtype={dt} is computed locally")
+    for i, a in enumerate(arrays):
+        if not np.can_cast(a.dtype, dt, casting):
+            raise Unsupported(f"operand {i} ({a.dtype}) cannot be cast to {dt} under casting={casting!r} "
+                              "(NumPy raises)")
+    return dt, given
 
 
 def rule_einsum(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
-    operands = ba.arguments.get("operands", ())
-    if not operands:
-        raise Unsupported("einsum without operands")
-    subscripts, ops = _einsum_operands(tuple(operands))
-    arrays = [array_arg(x, f"operand {i}") for i, x in enumerate(ops)]
+    subscripts, operands = einsum_operands(ba.arguments.get("operands", ()))
+    arrays = [array_arg(x, f"operand {i}") for i, x in enumerate(operands)]
     if len(arrays) < 2:
         raise Unsupported("single-operand einsum returns a view")
-    kw = ba.arguments.get("kwargs") or {}
-    casting, want = kw.get("casting", "safe"), kw.get("dtype")
-    if casting not in _CASTINGS:
-        raise Unsupported(f"casting={casting!r} is not one of NumPy's")  # NumPy raises its ValueError
-    # D306: the operands are cast to the result's dtype (``dtype=``, else their common one) under
-    # ``casting``, as NumPy's einsum does; a cast it refuses is NumPy's TypeError, raised here
-    dt = product_dtype(*arrays) if want is None else product_dtype(np.empty(0, want))
-    if not all(np.can_cast(a.dtype, dt, casting) for a in arrays):
-        raise Unsupported(f"an operand does not cast to {dt} under casting={casting!r}")
+    optimize = ba.arguments.get("optimize", False)
+    dt, given = _einsum_dtype(ba, arrays)
+    if given and optimize is not False and len({native(a.dtype) for a in arrays}) > 1:
+        # NumPy's pairwise path hands dtype=/casting= to its einsum steps but not to its BLAS ones
+        raise Unsupported("einsum with optimize and dtype= or casting= over operands of several dtypes")
     mixed = len({a.dtype.newbyteorder("=") for a in arrays}) > 1
-    if len(arrays) > 2 and mixed and ba.arguments.get("optimize", False) is not False:
+    if len(arrays) > 2 and mixed and optimize is not False:
         # NumPy contracts pairwise there, each intermediate in its pair's dtype (f4 with f4 stays f4)
         raise Unsupported("einsum with optimize over operands of several dtypes: NumPy's intermediates "
                           "take each pair's dtype")
@@ -298,7 +319,7 @@ def rule_einsum(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     shape = tuple(sizes[c] for c in head) + (ell if "..." in rhs else ()) + tuple(sizes[c] for c in tail)
     flops = 2.0 * math.prod(sizes.values()) * math.prod(ell) * cfactor(dt) * (len(arrays) - 1)
     out = out_arg(ba.arguments.get("out"), dt, shape)
-    layout, scalar = spec_einsum_layout(subscripts, arrays, len(shape), ba.arguments.get("optimize", False))
+    layout, scalar = spec_einsum_layout(subscripts, arrays, len(shape), optimize, given)
     full = subscripts if "->" in subscripts else subscripts + "->" + rhs
     return Prepared(spec, arrays, {"cdtype": dt.str, "subscripts": full}, [(dt, shape)], [layout], flops, out,
                     scalar_0d=scalar)
@@ -310,7 +331,8 @@ except ImportError:  # pragma: no cover - a NumPy that moved it: results come ba
     _c_einsum = None
 
 
-def spec_einsum_layout(subscripts: str, arrays: list[ndarray], ndim: int, optimize: Any = False) -> tuple[Any, bool]:
+def spec_einsum_layout(subscripts: str, arrays: list[ndarray], ndim: int, optimize: Any = False,
+                       given: dict | None = None) -> tuple[Any, bool]:
     """NumPy's einsum lays its output out following its operands (order 'K'). Reproduce that by
     running NumPy's own einsum on tiny operands with the same stride order (a few microseconds).
     With ``optimize`` NumPy contracts pairwise, through BLAS (matmul) where it can, along a path
@@ -322,13 +344,13 @@ def spec_einsum_layout(subscripts: str, arrays: list[ndarray], ndim: int, optimi
     small = [tiny(a) for a in arrays]
     try:
         if optimize is False:
-            res = _c_einsum(subscripts, *small)
+            res = _c_einsum(subscripts, *small, **(given or {}))
         else:
             from numpy._core.einsumfunc import einsum, einsum_path  # NumPy's own, never the shim's
 
             path = optimize if isinstance(optimize, list) else einsum_path(subscripts, *arrays,
                                                                             optimize=optimize)[0]
-            res = einsum(subscripts, *small, optimize=path)
+            res = einsum(subscripts, *small, optimize=path, **(given or {}))
     except Exception:
         if optimize is False:
             return "C", True

@@ -24,7 +24,7 @@ PRODUCTS: tuple[OpSpec, ...] = (
     OpSpec("numpy.kron", "numpy", "kron", "products", "products.rule_kron"),
     OpSpec("numpy.tensordot", "numpy", "tensordot", "products", "products.rule_tensordot", ("axes",)),
     OpSpec("numpy.einsum", "numpy", "einsum", "products", "products.rule_einsum",
-           ("out", "optimize"), args=("operands",), kwargs=("dtype", "casting")),
+           ("out", "optimize"), args=("operands",), keywords=("dtype", "casting")),
     OpSpec("numpy.matvec", "numpy", "matvec", "products", "products.rule_vecfunc",
            UFUNC_KW, kernel="vecfunc", args=X12),
     OpSpec("numpy.vecmat", "numpy", "vecmat", "products", "products.rule_vecfunc",
@@ -121,6 +121,7 @@ SL, SF = "scipy.linalg", "scipy.fft"
 SOLVE_P = ("lower", "overwrite_a", "overwrite_b", "check_finite", "assume_a", "transposed")
 SFFT1 = ("n", "axis", "norm", "overwrite_x", "workers", "plan")
 SFFTN = ("s", "axes", "norm", "overwrite_x", "workers", "plan")
+SR2R = ("type", "n", "axis", "norm", "overwrite_x", "workers", "orthogonalize")
 SCIPY: tuple[OpSpec, ...] = (
     OpSpec("scipy.linalg.solve", SL, "solve", "linalg", "scipy.rule_solve", SOLVE_P, trigger=SL),
     OpSpec("scipy.linalg.inv", SL, "inv", "linalg", "scipy.rule_inv",
@@ -152,6 +153,10 @@ SCIPY: tuple[OpSpec, ...] = (
     OpSpec(f"scipy.fft.{name}", SF, name, "fft", "scipy.rule_sfft_nd",
            SFFTN, kernel="fft.fftn", args=("x",), trigger=SF)
     for name in ("fft2", "fftn")
+) + tuple(
+    OpSpec(f"scipy.fft.{name}", SF, name, "fft", "scipy.rule_sfft_r2r", SR2R, kernel="fft.r2r", args=("x",),
+           trigger=SF)
+    for name in ("dct", "idct", "dst", "idst")
 )
 
 

@@ -12,7 +12,7 @@ the reciprocal condition number: the worker refuses a matrix whose condition is 
 of that line (it estimates ||A^-1||_1 as LAPACK's gecon does, or computes it for inv), so every
 call that would warn runs in SciPy.
 
-scipy.fft: fft, ifft, rfft, irfft, fft2, fftn; ``workers=`` is ignored on the worker (valid values
+scipy.fft: fft, ifft, rfft, irfft, fft2, fftn, and dct, idct, dst, idst (types 1-4, D264); ``workers=`` is ignored on the worker (valid values
 only), ``overwrite_x`` is a permission, ``plan`` must be None (SciPy raises otherwise).
 """
 from __future__ import annotations
@@ -338,3 +338,41 @@ def rule_sfft_nd(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
     layouts = [_sfft_layout(x, True, sizes, axes)]
     params = {"cdtype": cplx_t.str, "s": sizes, "axes": axes, "norm": norm, "kind": "fft"}
     return Prepared(spec, [x], params, [(cplx_t, shape)], layouts, _flops(shape, sizes, False))
+
+
+# D264: an inverse is the forward transform of the inverse type, backward and forward norms swapped
+R2R_INVERSE_TYPE = {1: 1, 2: 3, 3: 2, 4: 4}
+R2R_INVERSE_NORM = {None: "forward", "backward": "forward", "forward": "backward", "ortho": "ortho"}
+
+
+def rule_sfft_r2r(spec: OpSpec, ba: inspect.BoundArguments) -> Prepared:
+    """dct, idct, dst, idst of types 1-4 on real input (SciPy's result: float32 for float32, else
+    float64; always a new C-ordered array); ``orthogonalize=`` only at its default."""
+    x = arg(spec, ba, 0, "x")
+    norm = _fft_common(ba)
+    if ba.arguments.get("orthogonalize") is not None:
+        raise Unsupported("orthogonalize= is computed here")
+    typ = ba.arguments.get("type", 2)
+    if isinstance(typ, (bool, np.bool_)) or typ not in R2R_INVERSE_TYPE:
+        raise Unsupported(f"type={typ!r} is not 1-4 (SciPy raises)")
+    if x.dtype.kind == "c":
+        raise Unsupported("complex input to a real-to-real transform is computed here")
+    real_t, _ = fft_types(x, real_in=True)
+    axis = norm_axis(ba.arguments.get("axis", -1), x.ndim)
+    n = ba.arguments.get("n")
+    length = _n(x.shape[axis] if n is None else n)
+    kind, typ = spec.attr.removeprefix("i"), int(typ)
+    if typ == 1 and kind == "dct" and length < 2:
+        raise Unsupported("a DCT-I of fewer than 2 points (SciPy raises)")
+    if spec.attr.startswith("i"):
+        typ, norm = R2R_INVERSE_TYPE[typ], R2R_INVERSE_NORM[norm]
+    # SciPy transforms in place into the copy it made (a cast, byte-swapped or unaligned input):
+    # the result is that copy (order 'K'), or a view of it when n cuts the axis
+    copied = native(x.dtype) not in (F4, F8) or not x.dtype.isnative or not x.flags.aligned
+    if copied and length < x.shape[axis]:
+        raise Unsupported("SciPy returns a view of its truncated working copy: left to it")
+    layout = follow_layout(x) if copied and length == x.shape[axis] else "C"
+    shape = x.shape[:axis] + (length,) + x.shape[axis + 1:]
+    params = {"cdtype": real_t.str, "n": length, "axis": axis, "norm": norm or "backward", "kind": kind,
+              "type": typ}
+    return Prepared(spec, [x], params, [(real_t, shape)], [layout], _flops(shape, [2 * length], real=False))

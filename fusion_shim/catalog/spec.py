@@ -19,12 +19,12 @@ class OpSpec:
     exec at every import of the catalog)."""
 
     __slots__ = ("name", "module", "attr", "family", "rule_ref", "params", "kernel", "args", "trigger", "nested",
-                 "kwargs", "_rule")
+                 "keywords", "_rule")
 
     def __init__(self, name: str, module: str, attr: str, family: str,
                  rule: str | Callable[["OpSpec", Any], Any], params: tuple[str, ...] = (), kernel: str = "",
                  args: tuple[str, ...] = ("a", "b"), trigger: str = "numpy", nested: bool = False,
-                 kwargs: tuple[str, ...] = ()):
+                 keywords: tuple[str, ...] = ()):
         setter = object.__setattr__
         setter(self, "name", name)        # the public name, e.g. "numpy.linalg.solve"
         setter(self, "module", module)    # where the attribute is patched
@@ -38,7 +38,7 @@ class OpSpec:
         # an array parameter holds a list or tuple of arrays (multi_dot's arrays, lu_solve's (lu, piv)):
         # the interceptor's byte floor must look inside it, which only its Python fast path does
         setter(self, "nested", nested)
-        setter(self, "kwargs", kwargs)    # keywords it takes through its ``**kwargs`` that the rule reads
+        setter(self, "keywords", keywords)  # what the rule understands of the function's **kwargs (einsum's dtype=)
         setter(self, "_rule", None if isinstance(rule, str) else rule)
 
     @property

@@ -298,8 +298,8 @@ class CallPath:
         except remote.ReportedHere as exc:  # D198: the worker is fine; NumPy reports what the result holds
             rec.kind, rec.reason = "fallback", str(exc)
             return rec
-        except wire.EncodeError as exc:  # nothing was sent: the worker is fine
-            rec.kind, rec.reason = "fallback", str(exc)[:300]
+        except wire.Unencodable as exc:  # D263: this side's request, not the worker: nothing was sent
+            rec.kind, rec.reason = "fallback", f"the request could not be encoded here: {exc}"[:300]
             return rec
         except Exception as exc:
             # a bug on the shim's own remote path (not NumPy's error, not the worker's: NumPy runs

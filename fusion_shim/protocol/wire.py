@@ -142,9 +142,9 @@ class WireError(ValueError):
     """A message does not follow the format; the text says which rule it broke."""
 
 
-class EncodeError(Exception):
-    """A header this side cannot encode (a parameter msgpack cannot hold): nothing was sent, and
-    nobody but this side is at fault."""
+class Unencodable(Exception):
+    """A header this side cannot encode (msgpack refuses a value: an int past 64 bits, an object):
+    nothing was sent, the peer is not at fault."""
 
 
 def to_wire(arr: np.ndarray) -> tuple[dict, Any]:
@@ -206,9 +206,10 @@ def encode_wired(header: dict, wired: Sequence[tuple[dict, Any]], fps: Sequence[
         metas.append(meta)
     full = {"v": VERSION, **header, "arrays": metas}
     try:
-        return [msgpack.packb(full, use_bin_type=True), *bufs]
-    except (OverflowError, TypeError, ValueError) as exc:  # an int past 64 bits, an object msgpack has no type for
-        raise EncodeError(f"the call's header cannot be encoded: {type(exc).__name__}: {exc}") from None
+        head = msgpack.packb(full, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise Unencodable(f"{type(exc).__name__}: {exc}") from None
+    return [head, *bufs]
 
 
 def frame_view(frame: Any) -> memoryview:

@@ -598,6 +598,27 @@ def s_fft1(kind: str, scipy: bool = False) -> Callable[[Draw], Call]:
     return strategy
 
 
+def s_r2r() -> Callable[[Draw], Call]:
+    """scipy.fft's dct/dst family: real input, types 1-4, any norm, axis and n."""
+    def strategy(d: Draw) -> Call:
+        dt = d.pick(REAL + ("int64",))
+        nd = d.int(1, 3)
+        shape = tuple(d.int(2, 6) for _ in range(nd))
+        kw: dict = {"type": d.pick([1, 2, 3, 4])}
+        axis = -1
+        if d.coin(0.4):
+            axis = d.int(-nd, nd - 1)
+            kw["axis"] = axis
+        if d.coin(0.4):
+            kw["n"] = d.int(2, 9)
+        if d.coin(0.5):
+            kw["norm"] = d.pick(["backward", "ortho", "forward", None])
+        x = d.array(shape, dt)
+        # SciPy may return a view of its working copy of an odd (byte-swapped, unaligned) input
+        return Call((x,), kw, size=2 * max(kw.get("n", 0), shape[axis]), local_ok=d.odd() or dt == "int64")
+    return strategy
+
+
 def s_fftn(name: str, scipy: bool = False) -> Callable[[Draw], Call]:
     kind = name.rstrip("2n")
     two = name.endswith("2")
@@ -830,6 +851,7 @@ STRATEGIES: dict[str, Callable[[Draw], Call]] = {
     "scipy.linalg.expm": s_s_expm,
     **{f"scipy.fft.{k}": s_fft1(k, scipy=True) for k in ("fft", "ifft", "rfft", "irfft")},
     **{f"scipy.fft.{k}": s_fftn(k, scipy=True) for k in ("fft2", "fftn")},
+    **{f"scipy.fft.{k}": s_r2r() for k in ("dct", "idct", "dst", "idst")},
     "numpy.bincount": s_bincount,
     "numpy.convolve": s_correlate("convolve"),
     "numpy.correlate": s_correlate("correlate"),

@@ -219,15 +219,7 @@ def frame_view(frame: Any) -> memoryview:
 
 
 def decode_header(frame: Any) -> dict:
-    raw = frame_view(frame)
-    if raw.nbytes > MAX_HEADER:
-        raise WireError(f"header of {raw.nbytes} bytes exceeds {MAX_HEADER}")
-    try:
-        header = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_bin_len=0, max_ext_len=0)
-    except Exception as exc:  # msgpack raises several unrelated types on malformed input
-        raise WireError(f"header is not valid msgpack: {exc}") from None
-    if not isinstance(header, dict):
-        raise WireError("header is not a map")
+    header = unpack_map(frame)
     version = header.get("v")
     if version != VERSION:
         raise WireError(f"wire version {version!r} is not supported; this side speaks {VERSION}")
@@ -249,7 +241,7 @@ def pack_map(header: dict) -> bytes:
 
 
 def unpack_map(raw: Any) -> dict:
-    """A stage pipe's header, checked as a message header is: a map within ``MAX_HEADER`` bytes."""
+    """A header's map, within ``MAX_HEADER`` bytes (a message's, then checked further; a stage pipe's)."""
     view = frame_view(raw)
     if view.nbytes > MAX_HEADER:
         raise WireError(f"header of {view.nbytes} bytes exceeds {MAX_HEADER}")

@@ -52,7 +52,9 @@ def build_trace(report: dict[str, Any]) -> dict[str, Any]:
         events.append(_slice(r["op"], r["kind"], start, wall, pid, tid, args))
         order = ["wait_ready", "encode", "send", "transfer", "decode"] if r["kind"] == "worker" else ["local"]
         on_worker = sum(ph.get(p, 0.0) for p in ("h2d", "kernel", "d2h"))
-        spans = [(p, ph.get(p, 0.0) + (on_worker if p == "transfer" else 0.0)) for p in order if ph.get(p)]
+        # the worker's time sits inside the wait, even where sending used up the measured round trip
+        spans = [(p, ph.get(p, 0.0) + (on_worker if p == "transfer" else 0.0)) for p in order
+                 if ph.get(p) or (p == "transfer" and on_worker and r["kind"] == "worker")]
         t = start + max(wall - sum(d for _, d in spans), 0.0)  # deciding and preparing come first
         for name, dur in spans:
             label = "waiting for the worker" if name == "transfer" else name

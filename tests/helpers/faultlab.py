@@ -147,13 +147,15 @@ def run_worker(bind: str, rate: float, seed: int, log: str | None, delay: float 
                 time.sleep(delay)
             return kernel(t, p)
         worker.kernels[kid] = wrapped
-    real_send = inbox.send_frames
+    real_send, real_send_tracked = inbox.send_frames, inbox.send_tracked
 
-    def send(sock: Any, frames: Any, prefix: Any = ()) -> int:
+    def inject(sock: Any, frames: Any, prefix: Any, real: Any) -> Any:
+        """Send a reply through ``real`` with the planned reply-phase injection; None if it was dropped
+        or sent here by hand."""
         inj.at("before_reply")
         if inj.suppress:
             inj.suppress = False
-            return 0
+            return None
         if inj.plan is not None and inj.plan[0] == "mid_reply" and len(frames) > 1:
             for part in [*prefix, frames[0]]:
                 sock.send(part, zmq.SNDMORE)
@@ -161,14 +163,26 @@ def run_worker(bind: str, rate: float, seed: int, log: str | None, delay: float 
             rest = list(frames[1:])
             for i, part in enumerate(rest):
                 sock.send(part, zmq.SNDMORE if i < len(rest) - 1 else 0)
-            return sum(f.nbytes if hasattr(f, "nbytes") else len(f) for f in frames)
+            return None
         if inj.plan is not None and inj.plan[0] == "mid_reply":
             inj.plan = ("after_reply", inj.plan[1])  # a header-only reply has no middle
-        sent = real_send(sock, frames, prefix)
+        sent = real(sock, frames, prefix)
         inj.at("after_reply")
         return sent
 
-    inbox.send_frames = send  # the socket's owner looks it up at each reply
+    def nbytes(frames: Any) -> int:
+        return sum(f.nbytes if hasattr(f, "nbytes") else len(f) for f in frames)
+
+    def send(sock: Any, frames: Any, prefix: Any = ()) -> int:
+        sent = inject(sock, frames, prefix, real_send)
+        return nbytes(frames) if sent is None else sent
+
+    def send_tracked(sock: Any, frames: Any, prefix: Any = ()) -> tuple:
+        sent = inject(sock, frames, prefix, real_send_tracked)
+        return (nbytes(frames), []) if sent is None else sent
+
+    # the socket's owner looks both up at each reply: untracked replies and a principal's tracked ones
+    inbox.send_frames, inbox.send_tracked = send, send_tracked
 
     def on_request(frames: list) -> None:
         inj.choose(frames)

@@ -213,15 +213,21 @@ def down(address: str, name: str = "default", timeout: float = 30.0, log: Callab
     return stopped
 
 
-TABLE = ("worker", "node", "device", "state", "calls", "resident bytes")
+TABLE = ("worker", "node", "device", "state", "calls", "resident")
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     """``pool status`` as text: one line per worker."""
     cells = [TABLE] + [(r["name"], str(r.get("node", "-")), _device(r), str(r.get("state", "-")),
-                        str(r.get("calls", "-")), str(r.get("resident_bytes", "-"))) for r in rows]
+                        str(r.get("calls", "-")), _size(r.get("resident_bytes"))) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(TABLE))]
     return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(len(TABLE))).rstrip() for c in cells)
+
+
+def _size(n: int | None) -> str:
+    from ..worker.command import size_text  # what --memory-budget reads: 512K, 64M, 2.0G
+
+    return "-" if n is None else size_text(int(n))
 
 
 def _device(row: dict[str, Any]) -> str:

@@ -162,3 +162,13 @@ def size(text: str) -> int:
     if value < 0:
         raise ValueError("a size must be >= 0")
     return value
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes as ``size`` reads it back, to 2-3 digits: ``512B``, ``1.5K``, ``64M``, ``2.0G``."""
+    for unit in ("T", "G", "M", "K"):
+        scale = 1 << {"K": 10, "M": 20, "G": 30, "T": 40}[unit]
+        if n >= scale:
+            v = n / scale
+            return f"{v:.1f}{unit}" if v < 10 else f"{v:.0f}{unit}"
+    return f"{n}B"

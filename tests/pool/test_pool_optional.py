@@ -147,3 +147,25 @@ def test_a_ray_token_file_open_to_other_users_is_refused_with_the_chmod_that_fix
     (tmp_path / ".ray").mkdir()
     path.rename(tmp_path / ".ray" / "auth_token")
     assert (exposed_token({"HOME": str(tmp_path)}) is not None) == refused  # Ray's default place
+
+
+def test_pool_status_gives_resident_sizes_as_memory_budget_reads_them():
+    from fusion_shim.pool import manage
+    from fusion_shim.worker.command import size
+
+    rows = [{"name": "p.0", "node": "n", "device": "cpu", "state": "ready", "calls": 3, "resident_bytes": 3 << 29},
+            {"name": "p.1", "node": "n", "device": "cpu", "state": "ready", "calls": 0, "resident_bytes": 700},
+            {"name": "p.2", "state": "unreachable (GetTimeoutError)"}]
+    lines = manage.table(rows).splitlines()
+    assert lines[0].split()[-1] == "resident"
+    assert [ln.split()[-1] for ln in lines[1:]] == ["1.5G", "700B", "-"]
+    assert size("1.5G") == 3 << 29 and size("64M") == 64 << 20
+
+
+def test_a_pool_command_without_ray_installed_names_the_extra_in_one_line(monkeypatch, capsys):
+    from fusion_shim.pool import command
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    assert command.main(["status"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "pip install 'fusion-shim[ray]'" in err[0], err

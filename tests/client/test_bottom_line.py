@@ -116,6 +116,13 @@ def test_the_detail_line_gives_the_interval_and_the_models_measured_error():
     assert "interval -3.5 s .. -500.0 ms" in line and "products x1.00..x4.00 over 3 calls" in line, line
 
 
+def test_the_detail_line_says_the_reports_own_making_and_the_workers_stop_are_not_counted():
+    line = detail(added_time([worker(0.5, 1.0)], {}, {}, wall_s=10.0))
+    tail = line.partition("; not counted: ")[2]
+    assert "the interpreter's start and exit" in tail, line
+    assert "making and writing this report, and stopping the worker after it" in tail, line
+
+
 def test_a_summary_saved_before_the_interval_still_reads():
     old = {"added_s": 1.2, "measured_s": 1.2, "estimated_s": 0.0, "parts_s": dict.fromkeys(
         ("waiting_for_worker_s", "calls_run_here_s", "worker_calls_s", "checks_s", "startup_s"), 0.24),

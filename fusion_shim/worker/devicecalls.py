@@ -32,6 +32,7 @@ from ..catalog import CATALOG, OPERATOR_SIGNATURES, OPERATORS, OpSpec, Unsupport
 TRIGGERS = ("numpy", "scipy.linalg", "scipy.fft")  # the rows' trigger modules, imported at install where present
 LIBRARIES = ("numpy", "scipy")  # D285: their own frames' calls are theirs, not the stage's
 NATIVE_INTERFACE = 4  # the C extension's INTERFACE (native/_native.c) these calls are written for
+HERE_KEYS = 512  # distinct (op, why) counted apart: a reason may name shapes, and the process lives long
 _NONFINITE = ("divide", "over", "invalid")
 _guard = threading.local()  # ``inside``: this thread is in an intercepted call (its NumPy passes through)
 
@@ -142,7 +143,8 @@ class DeviceCalls:
             if why is None:
                 self.served[spec.name] += 1
                 return got
-            self.here[(spec.name, why)] += 1
+            key = (spec.name, why)
+            self.here[key if key in self.here or len(self.here) < HERE_KEYS else (spec.name, "other")] += 1
             return original(*args, **kwargs)
         finally:
             if native is not None:

@@ -155,7 +155,7 @@ def stage_result(rid: int, payload: np.ndarray, results: Sequence[np.ndarray], c
     arguments changed in place (``changed``: their indices among the request's arrays after the payload)."""
     header = {"t": "result", "id": rid, "timing": timing, "nres": len(results), "changed": list(changed),
               "raised": bool(raised)}
-    if note:  # what the report should say of where the stage's NumPy ran (D175)
+    if note:  # what the report should say of where the stage's NumPy ran (D307)
         header["note"] = note
     return Reply(header, [payload, *results, *changed_arrays])
 

@@ -60,7 +60,7 @@ class Outcome(NamedTuple):
     received: int
     by_ref: int     # inputs the worker already held
     saved: int      # ... and their bytes
-    note: str = ""  # the worker's word on where the stage's NumPy ran (D175)
+    note: str = ""  # the worker's word on where the stage's NumPy ran (D307)
 
 
 def send(link: Any, fn: Any, ref: dict | None, packed: Packed, held: set, deadline_s: float) -> Outcome:

@@ -86,7 +86,7 @@ def child_env(ids: tuple[int, int] | None) -> dict[str, str]:
     if ids is None and "HOME" in os.environ:
         env["HOME"] = os.environ["HOME"]
     env["FUSION_SHIM"] = "0"
-    env["FUSION_SHIM_SHM"] = "0"  # D214: the sandbox has no /dev/shm; a device shim is in-process anyway
+    env["FUSION_SHIM_SHM"] = "0"  # D214: no /dev/shm in the sandbox; device calls are in-process (D307)
     return env
 
 
@@ -194,9 +194,6 @@ def sandbox_spec(tmp: str, keys: list[str] = ()) -> dict:
     wanted = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, paths["stdlib"],
               paths["platstdlib"], paths["purelib"], paths["platlib"], *site.getsitepackages(),
               os.path.dirname(os.path.realpath(sys.executable)), *child_path(), *SYSTEM_READ, *_mapped_dirs()]
-    from ..cachedir import cache_dir  # the worker's self-benchmark, which a device shim reuses (D175)
-
-    wanted.append(cache_dir())
     read = [r for p in dict.fromkeys(wanted) if os.path.exists(p) for r in narrowed(p, protected)]
     devices = [p for p in DEVICES if os.path.exists(p)]
     gpus = sorted(os.path.join("/dev", n) for n in os.listdir("/dev") if n.startswith("nvidia")) \

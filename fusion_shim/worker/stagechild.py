@@ -133,34 +133,28 @@ def _answer(conn: Connection, header: dict, buffers: list) -> None:
     messages.send_stage_answer(conn, header, buffers)
 
 
-DEVICE_URL = "inproc://fusion-shim-stage-device"
-SHIM_DEVICES = ("cuda",)  # D175: on the CPU, torch would use the same CPUs as NumPy, at a cost per call
+DEVICES = ("cuda",)  # D307: on the CPU, torch would use the same CPUs as NumPy, at a cost per call (D71)
+DEVICE: dict[str, Any] = {"calls": None}  # this process's DeviceCalls, where its NumPy calls go to a device
 
 
-def device_shim(device: str) -> Any:
-    """D175: the stage's NumPy calls sent to ``device`` by a shim in this process (policy
-    ``remote``, a worker on an ``inproc://`` socket in a thread: no network). The first stage
-    call waits for it to be warm (torch imported, the host's self-benchmark reused, D58)."""
-    import torch
+def device_calls(device: str) -> Any:
+    """D307: this process's NumPy calls that the catalog admits run on ``device`` through the
+    worker's own backend and kernels, in this process (:mod:`.devicecalls`); the rest run in NumPy."""
+    from .devicecalls import on_device
 
-    import fusion_shim
-
-    from .server import Worker, serve_in_thread
-
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("torch sees no CUDA device in this process")
-    serve_in_thread(DEVICE_URL, worker=Worker(device))
-    return fusion_shim.install(policy="remote", worker=DEVICE_URL, quiet=True)
+    DEVICE["calls"] = on_device(device)
+    return DEVICE["calls"]
 
 
-def main(argv: list[str], unconfined: str = "") -> int:
-    """``unconfined``: what of the sandbox does not hold (:func:`.isolation.confine`, already run)."""
+def main(argv: list[str], unconfined: str = "", devices: tuple[str, ...] = DEVICES) -> int:
+    """``unconfined``: what of the sandbox does not hold (:func:`.isolation.confine`, already run);
+    ``devices``: the device types whose stages' NumPy calls run there (a test names "cpu")."""
     conn = Connection(int(argv[0]))
     NOTE["text"] = unconfined
-    if len(argv) > 1 and argv[1] in SHIM_DEVICES:
+    if len(argv) > 1 and argv[1] in devices:
         try:
-            device_shim(argv[1])
-        except Exception as exc:  # no device shim: the stages run with NumPy on this host's CPUs
+            device_calls(argv[1])
+        except Exception as exc:  # no device: the stages run with NumPy on this host's CPUs
             cpu = f"its NumPy calls ran on the worker's CPUs, not its {argv[1]} device: {type(exc).__name__}: {exc}"
             NOTE["text"] = "; ".join(filter(None, (unconfined, cpu[:300])))
     held = Held()

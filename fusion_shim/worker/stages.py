@@ -54,7 +54,7 @@ class StageHost:
 
     def __init__(self, allow: str, max_bytes: int, device: str = "cpu", user: str | int | None = STAGE_USER):
         self.allow, self.max_bytes = allow, max_bytes
-        self.device = device  # the worker's device type: a stage's NumPy calls go there (D175)
+        self.device = device  # the worker's device type: a stage's NumPy calls go there (D307)
         self.versions = _versions()
         self.ids = stage_ids(user)
         # D189: said with every answer where stage code runs as root, with the worker's reach

@@ -22,7 +22,7 @@ WORKER_MODULES = ["fusion_shim.worker.server", "fusion_shim.worker.command", "fu
                   "fusion_shim.worker.bench", "fusion_shim.worker.kernels", "fusion_shim.worker.store",
                   "fusion_shim.worker.numba_kernels", "fusion_shim.transport", "fusion_shim.transport.shm_common", "fusion_shim.transport.shm_worker",
                   "fusion_shim.protocol.wire", "fusion_shim.protocol.fingerprint", "fusion_shim.auth",
-                  "fusion_shim.pool.actor"]
+                  "fusion_shim.pool.actor", "fusion_shim.worker.devicecalls", "fusion_shim.worker.stagechild"]
 
 
 def _client_side(name: str) -> bool:

@@ -98,3 +98,19 @@ def _deeper(a):
 
 def fails_deep(a):
     return _deeper(a)
+
+
+def numpy_mix(A, B, b):
+    """np.matmul, np.linalg.solve, np.fft.fft and `@` (a stage whose calls the worker's device answers)."""
+    return [np.matmul(A, B), np.linalg.solve(A, b), np.fft.fft(b), np.fft.fft(B, axis=0), A @ B,
+            np.matmul(A.astype(np.float32), B.astype(np.float32)), np.linalg.solve(A, B)]
+
+
+def device_state():
+    """The shim's modules this stage process has imported, and what its device answered."""
+    import sys
+
+    from fusion_shim.worker import stagechild
+
+    calls = stagechild.DEVICE["calls"]
+    return sorted(m for m in sys.modules if m.startswith("fusion_shim")), dict(calls.served) if calls else {}

@@ -214,7 +214,7 @@ def plain_words(offloaded: int, considered: int, added: dict[str, Any], policy: 
     between = _signed(low) if low == high else f"between {_bound(low)} and {_bound(high)}"
     v = added["verdict"]
     wait = (added.get("evidence") or {}).get("machine_wait_s") or 0.0
-    busy = f"; this run waited {_s(wait)} for a CPU, a plain run may differ as much" if wait >= AS_FAST_S else ""
+    busy = f"; {_s(wait)} waiting for a CPU" if wait >= AS_FAST_S else ""
     if v == "about as fast":
         return f"{head}; about as fast as running plainly ({between}{busy})"
     if v == "cannot tell":
@@ -237,7 +237,7 @@ def _why_unsure(added: dict[str, Any]) -> str:
     if n:
         return f": NumPy's time for {n} worker calls was never measured (--verify measures some)"
     if ev.get("same_host_load_up_to_s"):
-        return f": the worker on this host may have slowed the program by up to {_s(ev['same_host_load_up_to_s'])}"
+        return f": a worker on this host's CPUs may have cost up to {_s(ev['same_host_load_up_to_s'])}"
     return ""
 
 

@@ -1,8 +1,9 @@
 """One intercepted call that is a candidate, from its arguments to the worker's answer or a record
 of why it runs here: prepare, decide (once), send, fall back.
 
-The decision is one step (:meth:`CallPath.decide`): the planner's, refined where the inputs may be
-resident on a worker (D30) and where a worker's link is not measured yet (D25). Any fault on the
+The decision is one step (:meth:`CallPath.decide`): the planner's, asked once (D310) with the
+workers as this client finds them: what they hold of the inputs where those may be resident (D30),
+a link measured first where it is not yet and that could move the call (D25). Any fault on the
 way to the worker (no reply by the deadline, a dead worker, an error reply, a malformed reply) is
 recorded and the call is computed here: a fault costs time, never an exception or a wrong answer.
 Each call's deadline follows its prediction once that worker has answered the op (D27).
@@ -181,34 +182,44 @@ class CallPath:
 
     # -- decide, once -------------------------------------------------------------------------------
     def decide(self, spec: OpSpec, call: plan.Call, prep: Prepared, rec: Record) -> tuple[Planned, Wired | None]:
-        """The call's decision, and its inputs laid out for the wire where they were looked at. The
-        planner's first answer is refined by two named steps, each asking it again only where its
-        inputs changed: what each worker holds (:meth:`_priced_by_residency`), and a link measured
-        now (:meth:`_measure_links`)."""
+        """The call's decision, and its inputs laid out for the wire where they were looked at. D310:
+        the planner is asked once, with the workers as :meth:`_snapshot` found them for this call."""
         if self.unlearnt:
             self.learn()
+        states, priced, wired, inputs_up = self._snapshot(spec, call, prep, rec)
+        return Planned(call, self.planner.decide(call, states, priced), inputs_up), wired
+
+    def _snapshot(self, spec: OpSpec, call: plan.Call, prep: Prepared,
+                  rec: Record) -> tuple[list[plan.WorkerState], plan.Decision | None, Wired | None, int | None]:
+        """Each worker as the planner is to see the call (its state and queue), with what it holds of
+        the inputs where the call is a remote candidate (:meth:`_priced_by_residency`, D30), its link
+        measured first where that could move the call (:meth:`_measure_links`, D25); each step judged
+        on what was found before it, priced without deciding (Planner.price). Returns (the states,
+        their pricing where it is still theirs, the inputs wired where looked at, ``inputs_up``)."""
         unknown = [None] * len(self.links)
-        decision = self.planner.decide(call, self._states(spec, unknown))
+        states = self._states(spec, unknown)
+        priced = self.planner.price(call, states)
         wired, to_send, inputs_up = None, None, None
-        if self._worth_looking(spec, call, decision):
+        if self._worth_looking(spec, call, priced):
             if residency.holds_nothing(prep):  # D38: what a look would find: every input travels
                 inputs_up = prep.bytes_in
             else:
                 wired, to_send, inputs_up = self._priced_by_residency(prep, rec)
-                if any(priced != prep.bytes_in for priced, _ in to_send):
-                    decision = self.planner.decide(call, self._states(spec, *zip(*to_send)))
-        if self._measure_links(spec, call, decision, rec):
-            decision = self.planner.decide(call, self._states(spec, *(
-                zip(*to_send) if to_send is not None else (unknown,))))
-        return Planned(call, decision, inputs_up), wired
+                if any(bytes_priced != prep.bytes_in for bytes_priced, _ in to_send):
+                    states = self._states(spec, *zip(*to_send))
+                    priced = self.planner.price(call, states)
+        if self._measure_links(spec, call, priced, rec):
+            states = self._states(spec, *(zip(*to_send) if to_send is not None else (unknown,)))
+            priced = None  # the link's model moved: the decision prices it
+        return states, priced, wired, inputs_up
 
-    def _worth_looking(self, spec: OpSpec, call: plan.Call, decision: plan.Decision) -> bool:
+    def _worth_looking(self, spec: OpSpec, call: plan.Call, priced: plan.Decision | None) -> bool:
         """D30: fingerprint only a remote candidate: a call that goes to a worker, or one that would if
         its inputs were already there by more than hashing them costs, or one for which where its
-        inputs are decides whether it is evidence for its op's floor."""
-        return bool(self.config.residency and self.links and decision.remote_s is not None and (
-            decision.where == "worker" or self._would_offload_if_resident(spec, call)
-            or self.planner.residency_decides(call, decision)))
+        inputs are decides whether it is evidence for its op's floor (``priced``: as the call stands)."""
+        return bool(self.config.residency and self.links and priced is not None and priced.remote_s is not None and (
+            priced.where == "worker" or self._would_offload_if_resident(spec, call)
+            or self.planner.residency_decides(call, priced)))
 
     def _priced_by_residency(self, prep: Prepared, rec: Record) -> tuple[Wired, list, int]:
         """The inputs fingerprinted; per worker (input bytes it is priced for, bytes priced over
@@ -231,20 +242,18 @@ class CallPath:
         look = self.hash_rate.seconds(call.bytes_in)
         states = [replace(w, backlog_s=w.backlog_s + look)
                   for w in self._states(spec, [0] * len(self.links))]
-        try:
-            return plan.decide(self.config.policy, call, self.planner.profile, states, 0.0,
-                               self.config.min_flops).where == "worker"
-        except Exception:  # a planner bug: no residency for this call, never an exception
-            return False
+        priced = self.planner.price(call, states, explore=False)
+        return priced is not None and priced.where == "worker"  # None: a planner bug, no residency for it
 
-    def _measure_links(self, spec: OpSpec, call: plan.Call, decision: plan.Decision, rec: Record) -> bool:
+    def _measure_links(self, spec: OpSpec, call: plan.Call, decision: plan.Decision | None, rec: Record) -> bool:
         """D25: a worker is in the running for this call, its link aside: the link's bandwidth is
         worth measuring now (priced with the prior until then; where even a free link would leave
         the call here, never; under policy remote nothing is decided, and the probe's traffic would
         only blur the counts). Returns whether a probe was made on this thread, so that the call is
-        decided again with the measured link; so is the next call to want it after the probe's
-        thread found the program busy (WorkerLink.measure_bandwidth_soon)."""
-        if not (self.config.policy == "auto" and decision.remote_s is not None and decision.local_s is not None
+        decided with the measured link; so is the next call to want it after the probe's thread
+        found the program busy (WorkerLink.measure_bandwidth_soon)."""
+        if not (self.config.policy == "auto" and decision is not None and decision.remote_s is not None
+                and decision.local_s is not None
                 and any(link.bandwidth is None for link in self.links) and (decision.where == "worker" or (
                     self.planner.link_could_matter(call, self._states(spec, [None] * len(self.links)))))):
             return False

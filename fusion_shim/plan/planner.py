@@ -115,13 +115,13 @@ class Planner:
         self.on_floors: Callable[[int, Any], None] | None = on_floors
 
     # -- on the application's thread ------------------------------------------------------------
-    def decide(self, call: Call, workers: Sequence[WorkerState]) -> Decision:
+    def decide(self, call: Call, workers: Sequence[WorkerState], priced: Decision | None = None) -> Decision:
+        """Where ``call`` runs on ``workers`` as the runtime found them; what a decision leaves
+        (the dtype's evidence, a calibration probe) follows this answer alone. ``priced``: what
+        :meth:`price` answered for these same workers, not priced again."""
         try:
+            d = priced if priced is not None else self._price(call, workers, True)
             key = (call.family, call.dtype)
-            if key not in self._wanted and self.policy != "local":
-                self._want(key)
-            budget = self.explore_fraction * self.intercepted_s - self.explore_spent_s
-            d = decide(self.policy, call, self.profile, workers, budget, self.min_flops)
             if d.remote_s is not None:  # a dtype a worker was priced for: its calls may be evidence
                 self._dtypes[call.op].add(call.dtype)
             if (d.where == "local" and d.remote_s is not None and d.local_s is not None
@@ -131,6 +131,22 @@ class Planner:
         except Exception as exc:  # a planner bug costs a local call and a line in the report, never the program
             self.on_event(f"planner error, {call.op} computed here: {type(exc).__name__}: {exc}")
             return Decision("local", f"planner error: {type(exc).__name__}")
+
+    def price(self, call: Call, workers: Sequence[WorkerState], explore: bool = True) -> Decision | None:
+        """What :meth:`decide` would answer for ``workers``, leaving nothing behind: how the runtime
+        judges what else is worth finding out for a call before its one decision (D310).
+        ``explore`` False: with no exploration budget. None where pricing raised (decide says why)."""
+        try:
+            return self._price(call, workers, explore)
+        except Exception:
+            return None
+
+    def _price(self, call: Call, workers: Sequence[WorkerState], explore: bool) -> Decision:
+        key = (call.family, call.dtype)
+        if key not in self._wanted and self.policy != "local":
+            self._want(key)  # a cached local curve is read on first use: it is part of what is priced
+        budget = self.explore_fraction * self.intercepted_s - self.explore_spent_s if explore else 0.0
+        return decide(self.policy, call, self.profile, workers, budget, self.min_flops)
 
     def link_could_matter(self, call: Call, workers: Sequence[WorkerState]) -> bool:
         """Whether measuring the links could change where ``call`` goes: with every link free (its

@@ -405,3 +405,49 @@ def test_short_calls_with_fresh_inputs_raise_their_floor_once_looked_at(store_wo
         assert not planner.residency_decides(hopeless, plan.Decision("local", "test", 2.6e-6, 1e-3))
     finally:
         fusion_shim.uninstall()
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["fresh-input", "resident-input"])
+@pytest.mark.parametrize("policy", ["remote", "auto"])
+def test_one_call_asks_the_planner_once_with_what_its_workers_hold(store_worker, monkeypatch, policy, held):
+    """D310: what the workers hold of a call's inputs is gathered before the planner is asked, and it
+    is asked once: for an input never sent and for one a worker kept from an earlier result."""
+    url, worker = store_worker
+    worker.store.clear()
+    rt = fusion_shim.install(policy=policy, worker=url, quiet=True, timeout=60.0)
+    try:
+        assert rt.link.wait_ready(READY_S)
+        # SYNTHETIC profile: a worker 1e4 times faster than here behind a measured 1 GB/s link:
+        # auto sends every call below, as remote does
+        _synthetic(rt, 1.0, 1e4, 1e9)
+        a = RNG.standard_normal((300, 300))
+        b = np.matmul(a, a)                        # its result kept on the worker
+        assert rt.ledger.records[-1].kind == "worker", rt.ledger.records[-1].reason
+        c = RNG.standard_normal((300, 300))        # never sent
+        x = b if held else RNG.standard_normal((300, 300))
+        asked = []
+        real = rt.planner.decide
+        monkeypatch.setattr(rt.planner, "decide", lambda *args, **kwargs: asked.append(args[0].op)
+                            or real(*args, **kwargs))
+        got = np.matmul(x, c)
+        rec = rt.ledger.records[-1]
+        assert rec.kind == "worker" and rec.resident_hits == int(held), rec.reason
+        assert asked == ["numpy.matmul"]
+        _close(got, ref(lambda: x @ c))
+    finally:
+        fusion_shim.uninstall()
+
+
+def test_under_policy_local_an_intercepted_call_never_reaches_the_planner(monkeypatch):
+    """Policy local: a call above the recording floor is computed here without a decision to make."""
+    rt = fusion_shim.install(policy="local", quiet=True)
+    try:
+        asked = []
+        real = rt.planner.decide
+        monkeypatch.setattr(rt.planner, "decide", lambda *args, **kwargs: asked.append(args[0].op)
+                            or real(*args, **kwargs))
+        a = RNG.standard_normal((300, 300))
+        _close(np.matmul(a, a), ref(lambda: a @ a))
+        assert asked == [] and not rt.links
+    finally:
+        fusion_shim.uninstall()

@@ -9,6 +9,10 @@ channel. A worker serves only the keys it was given (``auth.AllowList``).
 Started with ``allow_code`` (``pool up --allow-code``) it runs stages for the clients it serves, in
 the plain worker's stage processes (:mod:`fusion_shim.worker.stages`). It records itself on its host
 and watches its raylet: once that is gone it stops serving and exits (:mod:`.host`, D265, D266).
+
+Its resident store's budget, unless ``pool up --memory-budget`` sets it, is the single worker's
+default split evenly among the pool's workers on its host (``sharing``, counted by :mod:`.manage`),
+so that together they take no more of the host's RAM than one worker alone would (D313).
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ class PoolWorker:
     """The body of a pool actor (``ray.remote`` is applied by :mod:`.manage`)."""
 
     def __init__(self, name: str, device: str = "auto", memory_budget: int | None = None,
-                 allow_code: bool = False, pool: str | None = None):
+                 allow_code: bool = False, pool: str | None = None, sharing: int = 1):
         import ray
         import zmq
 
@@ -34,12 +38,16 @@ class PoolWorker:
         self.ip = ray.util.get_node_ip_address()
         self.node = f"{context.get_node_id()[:8]}@{self.ip}"  # D268: nodes on one address told apart
         self.allow_code = allow_code
+        self.sharing = sharing
         self.gpu_ids = [str(g) for g in ray.get_gpu_ids()]
         self._public, secret = zmq.curve_keypair()
         self._allowed = AllowList()
         self._stop = threading.Event()
         self._endpoint: str | None = None
         bound = threading.Event()
+        device = resolve(device)
+        if memory_budget is None:
+            memory_budget = host_share(device, sharing)
         # D269: the plain worker's stages, for every principal: each one is a key given through join
         self._worker = Worker(device, memory_budget, allow_code="any" if allow_code else None)
 
@@ -77,6 +85,7 @@ class PoolWorker:
                 "ray_gpus": self.gpu_ids,
                 # a GPU Ray accounted for, while torch sees no CUDA device: a logical GPU (tests, CI)
                 "gpu_emulated": emulated, "state": "ready" if info else "starting",
+                "memory_budget": self._worker.store.budget, "sharing": self.sharing,
                 "clients": len(self._allowed)}
 
     def stats(self) -> dict[str, Any]:
@@ -92,3 +101,23 @@ class PoolWorker:
         self._stop.set()
         self._thread.join(10)
         return not self._thread.is_alive()
+
+
+def resolve(device: str) -> str:
+    """``auto`` as the worker's backend resolves it: ``cuda`` where torch sees a GPU, else ``cpu``."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def host_share(device: str, sharing: int) -> int:
+    """D313: the resident budget of one of ``sharing`` pool workers on this host: on the CPU the single
+    worker's default (a quarter of RAM, at most 8 GiB) split evenly; on a GPU its own GPU's default."""
+    import torch
+
+    from ..worker.store import default_budget
+
+    full = default_budget(torch.device(device))
+    return full if device.startswith("cuda") else full // max(sharing, 1)

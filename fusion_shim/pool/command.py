@@ -23,7 +23,9 @@ def parser() -> argparse.ArgumentParser:
         if action == "up":
             a.add_argument("--workers", type=int, required=True, metavar="N", help="how many workers")
             a.add_argument("--device", default="auto", help="auto, cpu or cuda (a GPU per worker)")
-            a.add_argument("--memory-budget", default=None, help="bytes each resident store may hold (2G, 512M)")
+            a.add_argument("--memory-budget", default=None,
+                           help="bytes each resident store may hold (2G, 512M); default: a quarter of the host's "
+                                "RAM (at most 8G) split among the pool's workers on it, or half of each one's GPU")
             a.add_argument("--wait", type=float, default=None, metavar="SECONDS",
                            help="how long the cluster has to find room for the workers (default 120)")
             a.add_argument("--allow-code", action="store_true",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections import Counter
 from typing import Any, Callable
 
 from . import NAMESPACE, actor_name
@@ -132,13 +133,14 @@ def up(address: str, workers: int, device: str = "auto", memory_budget: int | No
     handles: list[Any] = []
     try:
         _wait_for_room(ray, pg, workers, bundle, wait, say or _stderr)
+        shared = sharing(hosts(ray, pg, workers))
         cls = ray.remote(PoolWorker)
         for i in range(workers):
             handles.append(cls.options(
                 name=actor_name(name, i), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
                 max_restarts=MAX_RESTARTS, max_task_retries=MAX_TASK_RETRIES, num_cpus=1, num_gpus=1 if gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-            ).remote(actor_name(name, i), device, memory_budget, allow_code, name))
+            ).remote(actor_name(name, i), device, memory_budget, allow_code, name, shared[i]))
         return [ray.get(h.describe.remote(), timeout=timeout) for h in handles], True
     except BaseException:
         for h in handles:  # detached: nothing else would ever end them
@@ -148,6 +150,22 @@ def up(address: str, workers: int, device: str = "auto", memory_budget: int | No
                 pass
         remove_placement_group(pg)
         raise
+
+
+def hosts(ray: Any, pg: Any, workers: int) -> list[str]:
+    """The address of the host each of the placed group's bundles is on (D314: nodes sharing an
+    address share its RAM); a node Ray no longer lists stands for a host of its own."""
+    from ray.util import placement_group_table
+
+    placed = placement_group_table(pg)["bundles_to_node_id"]
+    address = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+    return [address.get(placed.get(i), f"node {placed.get(i)}") for i in range(workers)]
+
+
+def sharing(where: list[str]) -> list[int]:
+    """For each worker, how many of the pool's workers are on its host (itself included)."""
+    count = Counter(where)
+    return [count[h] for h in where]
 
 
 def _wait_for_room(ray: Any, pg: Any, workers: int, bundle: dict[str, float], wait: float,
@@ -213,21 +231,22 @@ def down(address: str, name: str = "default", timeout: float = 30.0, log: Callab
     return stopped
 
 
-TABLE = ("worker", "node", "device", "state", "calls", "resident")
+TABLE = ("worker", "node", "device", "state", "calls", "resident", "budget")
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """``pool status`` as text: one line per worker."""
+    """``pool status`` (and ``pool up``) as text: one line per worker."""
     cells = [TABLE] + [(r["name"], str(r.get("node", "-")), _device(r), str(r.get("state", "-")),
-                        str(r.get("calls", "-")), _size(r.get("resident_bytes"))) for r in rows]
+                        str(r.get("calls", "-")), size_text(r.get("resident_bytes")), _budget(r)) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(TABLE))]
     return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(len(TABLE))).rstrip() for c in cells)
 
 
-def _size(n: int | None) -> str:
-    from ..worker.command import size_text  # what --memory-budget reads: 512K, 64M, 2.0G
+def size_text(n: Any) -> str:
+    """``n`` bytes as ``--memory-budget`` reads them (512K, 64M, 2.0G); ``-`` where unknown."""
+    from ..worker import command
 
-    return "-" if n is None else size_text(int(n))
+    return command.size_text(int(n)) if isinstance(n, int) else "-"
 
 
 def _device(row: dict[str, Any]) -> str:
@@ -235,3 +254,11 @@ def _device(row: dict[str, Any]) -> str:
     if row.get("gpu_emulated"):
         return f"{device} (Ray GPU {','.join(row['ray_gpus'])}: EMULATED, no CUDA device)"
     return device
+
+
+def _budget(row: dict[str, Any]) -> str:
+    budget = size_text(row.get("memory_budget"))
+    shared = row.get("sharing")
+    return f"{budget} ({shared} on its host)" if isinstance(shared, int) and shared > 1 else budget
+
+

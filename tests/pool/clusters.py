@@ -13,6 +13,18 @@ from pathlib import Path
 
 RAY = str(Path(sys.executable).with_name("ray"))
 START_DEADLINE_S = 300.0  # a loaded 2-core machine starts a head in 5-60 s
+WAIT_S = 600.0  # generous: the machine is shared, and a worker (re)started imports torch and warms up
+
+
+def wait_for(predicate, what: str, deadline_s: float = WAIT_S):
+    """``predicate()``'s first true answer, asked every 0.2 s; fails naming ``what`` after ``deadline_s``."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        got = predicate()
+        if got:
+            return got
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def token_env(directory: Path) -> dict[str, str]:

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tests.helpers.environment import ROOT
-from tests.pool.clusters import token_env
+from tests.pool.clusters import token_env, wait_for
 
 ray = pytest.importorskip("ray")
 from fusion_shim.pool import NAMESPACE, manage  # noqa: E402
@@ -63,7 +63,7 @@ def pool(cluster):
     rows, made = manage.up(cluster, 2, "auto", name=POOL)
     assert made
     # warmed before the programs start: a run shorter than a worker's warm-up would use only the other
-    _wait_for(lambda: all(r["state"] == "ready" for r in manage.status(cluster, POOL)), "both workers warm")
+    wait_for(lambda: all(r["state"] == "ready" for r in manage.status(cluster, POOL)), "both workers warm")
     try:
         yield rows
     finally:
@@ -82,16 +82,6 @@ def _plain(argv: list[str]) -> str:
     return out.stdout
 
 
-def _wait_for(predicate, what: str, deadline_s: float = DEADLINE_S):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_pool_up_places_two_workers_on_emulated_gpus_and_a_second_up_makes_none(cluster, pool):
     assert [r["name"] for r in pool] == [f"{POOL}.0", f"{POOL}.1"]
     assert sorted(g for r in pool for g in r["ray_gpus"]) == ["0", "1"]  # num_gpus=1 each, one GPU apiece
@@ -99,6 +89,26 @@ def test_pool_up_places_two_workers_on_emulated_gpus_and_a_second_up_makes_none(
     again, made = manage.up(cluster, 2, "auto", name=POOL)
     assert not made and [r["pid"] for r in again] == [r["pid"] for r in pool]
     assert manage.names(ray, POOL) == [f"{POOL}.0", f"{POOL}.1"]
+
+
+def _single_worker_cap() -> int:
+    """A CPU worker's resident cap when alone on its host: a quarter of RAM, at most 8 GiB."""
+    return min(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4, 8 << 30)
+
+
+def test_two_workers_on_one_host_split_the_single_workers_cap(cluster, pool):
+    budgets = [r["memory_budget"] for r in manage.status(cluster, POOL)]
+    assert [r["sharing"] for r in pool] == [2, 2]  # one node: both bundles on it
+    assert budgets == [_single_worker_cap() // 2] * 2 and sum(budgets) <= _single_worker_cap()
+
+
+def test_a_worker_alone_on_its_host_gets_the_whole_cap(cluster):
+    rows, made = manage.up(cluster, 1, "cpu", name="alone")
+    try:
+        assert made and rows[0]["sharing"] == 1
+        assert rows[0]["memory_budget"] == _single_worker_cap()
+    finally:
+        manage.down(cluster, "alone")
 
 
 def test_calls_through_the_pool_print_what_plain_python_prints_and_spread_over_both(cluster, pool, tmp_path):
@@ -124,9 +134,11 @@ def test_pool_status_shows_each_worker_with_its_calls(cluster, pool):
                          capture_output=True, text=True, timeout=DEADLINE_S)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
-    assert lines[0].split() == ["worker", "node", "device", "state", "calls", "resident"]
+    assert lines[0].split() == ["worker", "node", "device", "state", "calls", "resident", "budget"]
     assert [ln.split()[0] for ln in lines[1:]] == [f"{POOL}.0", f"{POOL}.1"]
     assert all("EMULATED" in ln for ln in lines[1:])
+    half = manage.size_text(_single_worker_cap() // 2)
+    assert all(ln.rstrip().endswith(f"{half} (2 on its host)") for ln in lines[1:]), out.stdout
 
 
 def test_a_client_whose_key_was_not_given_gets_no_work_done(cluster, pool):
@@ -161,16 +173,16 @@ def test_a_worker_killed_mid_run_is_restarted_by_ray_with_every_answer_right(clu
     progress = tmp_path / "progress"
     proc = _shim(cluster, ["until_stopped", str(tmp_path)], str(report))
     try:
-        _wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 2, "the first rounds")
+        wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 2, "the first rounds")
         actor = ray.get_actor(f"{POOL}.0")
         old = ray.get(actor.describe.remote(), timeout=60)
         os.kill(old["pid"], signal.SIGKILL)
 
-        _wait_for(lambda: ray.get(actor.stats.remote(), timeout=120)["pid"] != old["pid"], "Ray's restart")
+        wait_for(lambda: ray.get(actor.stats.remote(), timeout=120)["pid"] != old["pid"], "Ray's restart")
         # the client relocates on its next probe (backing off to 5 s) and sends once the worker is warm
-        _wait_for(lambda: ray.get(actor.stats.remote(), timeout=120)["calls"] > 0, "a call on the restarted worker")
+        wait_for(lambda: ray.get(actor.stats.remote(), timeout=120)["calls"] > 0, "a call on the restarted worker")
         done = int(progress.read_text() or 0)
-        _wait_for(lambda: int(progress.read_text() or 0) >= done + 2, "rounds after it")
+        wait_for(lambda: int(progress.read_text() or 0) >= done + 2, "rounds after it")
         (tmp_path / "stop").write_text("")
         out, err = proc.communicate(timeout=DEADLINE_S)
     finally:
@@ -192,7 +204,7 @@ def test_pool_down_leaves_no_actor_process_or_socket(cluster):
     host, port = rows[0]["url"].removeprefix("tcp://").rsplit(":", 1)
     assert len(manage.down(cluster, "d")) == 1
     assert manage.names(ray, "d") == []
-    _wait_for(lambda: not _pid_alive(rows[0]["pid"]), "the worker's process to end")
+    wait_for(lambda: not _pid_alive(rows[0]["pid"]), "the worker's process to end")
     with pytest.raises(OSError):
         socket.create_connection((host, int(port)), timeout=5).close()
 
@@ -215,12 +227,12 @@ def test_ray_messages_to_drivers_never_reach_the_programs_stdout(cluster, pool, 
     progress = tmp_path / "progress"
     proc = _shim(cluster, ["until_stopped", str(tmp_path)], str(report))
     try:
-        _wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 1, "the first rounds")
+        wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 1, "the first rounds")
         done = int(progress.read_text() or 0)
         worker = ray._private.worker.global_worker
         publish_error_to_driver("node_died", "A node died.\n[state-dump] NodeManager:\n[state-dump] Pending: 0",
                                 worker.gcs_client)
-        _wait_for(lambda: int(progress.read_text() or 0) >= done + 3, "rounds after it")
+        wait_for(lambda: int(progress.read_text() or 0) >= done + 3, "rounds after it")
         (tmp_path / "stop").write_text("")
         out, err = proc.communicate(timeout=DEADLINE_S)
     finally:

@@ -14,15 +14,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-from fusion_shim.pool import host
+from fusion_shim.pool import host, manage
 from fusion_shim.procinfo import proc_start
 from tests.helpers.environment import ROOT
-from tests.pool.clusters import children, command_line, start_head, start_node, stop_head, token_env
+from tests.pool.clusters import (children, command_line, start_head, start_node, stop_head, token_env,
+                                 wait_for)
 
 pytest.importorskip("ray")
 
@@ -65,16 +65,6 @@ def _records(cluster, pool: str) -> list[dict]:
 
 def _alive(entry: dict) -> bool:
     return proc_start(entry["pid"]) == entry["start"]
-
-
-def _wait_for(predicate, what: str, deadline_s: float = DEADLINE_S):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        got = predicate()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_pool_up_past_the_clusters_gpus_fails_in_one_line_and_the_next_up_succeeds(cluster):
@@ -138,6 +128,29 @@ def test_a_pool_worker_runs_stages_only_when_started_with_allow_code(cluster):
             assert _pool(cluster, "down", "--name", name).returncode == 0
 
 
+def test_three_workers_on_nodes_sharing_a_host_split_its_cap_and_up_and_status_say_so(cluster):
+    """Three nodes, one address: one machine's RAM, split three ways (D313)."""
+    cap = min(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4, 8 << 30)
+    third = manage.size_text(cap // 3)
+    up = _pool(cluster, "up", "--workers", "3", "--device", "cpu", "--name", "b")
+    try:
+        assert up.returncode == 0, up.stderr[-2000:]
+        lines = up.stdout.splitlines()
+        header = next(i for i, ln in enumerate(lines) if ln.startswith("worker"))
+        assert lines[header].split()[-1] == "budget", up.stdout
+        made = lines[header + 1:]
+        # one CPU per node: the three workers are on three nodes, all at 127.0.0.1
+        assert [r.split()[0] for r in made] == ["b.0", "b.1", "b.2"], up.stdout
+        assert len({r.split()[1] for r in made}) == 3, up.stdout
+        assert all(ln.rstrip().endswith(f"{third} (3 on its host)") for ln in made), up.stdout
+        status = _pool(cluster, "status", "--name", "b")
+        assert status.returncode == 0, status.stderr[-2000:]
+        rows = status.stdout.splitlines()[1:]
+        assert len(rows) == 3 and all(ln.rstrip().endswith(f"{third} (3 on its host)") for ln in rows), status.stdout
+    finally:
+        assert _pool(cluster, "down", "--name", "b").returncode == 0
+
+
 def test_pool_down_stops_a_recorded_process_that_is_still_ours_and_leaves_others(tmp_path):
     env = {"XDG_STATE_HOME": str(tmp_path)}
     orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -172,7 +185,7 @@ def test_a_worker_whose_raylet_dies_exits_and_pool_down_leaves_no_process(cluste
     raylet = next(p for p in children(node.pid) if "raylet" in command_line(p).split(" ")[0])
     victim = next(e for e in recorded.values() if e["pid"] in children(raylet))
     os.kill(raylet, signal.SIGKILL)
-    _wait_for(lambda: not _alive(victim), f"the orphaned worker {victim['name']} (pid {victim['pid']}) to exit")
+    wait_for(lambda: not _alive(victim), f"the orphaned worker {victim['name']} (pid {victim['pid']}) to exit")
     down = _pool(cluster, "down", "--name", "o")
     assert down.returncode == 0, down.stderr[-2000:]
     assert "workers stopped" in down.stdout
@@ -216,7 +229,7 @@ def test_the_watchdog_stops_serving_and_ends_the_process_once_its_parent_is_gone
         assert not _gone(child)
         parent.kill()
         parent.wait(60)
-        _wait_for(lambda: _gone(child), "the orphan to exit", 120)
+        wait_for(lambda: _gone(child), "the orphan to exit", 120)
         assert marker.read_text() == "stopped serving"
     finally:
         if parent.poll() is None:

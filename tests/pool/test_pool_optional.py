@@ -157,8 +157,8 @@ def test_pool_status_gives_resident_sizes_as_memory_budget_reads_them():
             {"name": "p.1", "node": "n", "device": "cpu", "state": "ready", "calls": 0, "resident_bytes": 700},
             {"name": "p.2", "state": "unreachable (GetTimeoutError)"}]
     lines = manage.table(rows).splitlines()
-    assert lines[0].split()[-1] == "resident"
-    assert [ln.split()[-1] for ln in lines[1:]] == ["1.5G", "700B", "-"]
+    assert lines[0].split()[-2:] == ["resident", "budget"]
+    assert [ln.split()[-2] for ln in lines[1:]] == ["1.5G", "700B", "-"]
     assert size("1.5G") == 3 << 29 and size("64M") == 64 << 20
 
 

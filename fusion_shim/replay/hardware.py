@@ -53,9 +53,14 @@ class Device:
     # measured (flops, seconds) per "family/dtype" and per "op/dtype" (a worker's self-benchmark):
     # where present they replace peak and efficiency
     curves: dict[str, list] = field(default_factory=dict)
+    # measured (flops, seconds) per "op/dtype" of the recorded run's own kernels on this worker: they
+    # price its calls before the self-benchmark does, and are never reported as its self-benchmark
+    kernels: dict[str, list] = field(default_factory=dict)
+    shares_cpus: bool = False              # computes on the recording host's CPUs, beside the program
 
     def compute_s(self, op: str, family: str, dtype: str, flops: float, nbytes: float) -> float:
-        measured = self.curves.get(f"{op}/{dtype}") or self.curves.get(f"{family}/{dtype}")
+        measured = (self.kernels.get(f"{op}/{dtype}") or self.curves.get(f"{op}/{dtype}")
+                    or self.curves.get(f"{family}/{dtype}"))
         if measured is None and dtype not in ("f8", "f4", "c16", "c8"):
             measured = self.curves.get(f"{family}/f8")
         if measured:
@@ -187,9 +192,25 @@ def cpu_worker(report: dict[str, Any]) -> Device:
         raise ValueError("the report holds no worker self-benchmark (worker.info.bench): record a run with "
                          "a CPU worker (--device cpu or --policy remote) to replay on 'cpu-worker'")
     ready = (report.get("worker") or {}).get("ready_after_s")
+    kernels = recorded_kernels(report.get("records") or [])
     return Device("cpu-worker", peak={}, mem_bps=20e9, memory=8e9, launch_s=0.0,
                   cold_start_s=float(ready) if isinstance(ready, (int, float)) else 2.0, noise=0.1,
-                  source="the recorded worker's own self-benchmark", curves=curves)
+                  source="the recorded worker's own self-benchmark" + (
+                      f"; its kernels as measured in the recorded run ({len(kernels)} ops)" if kernels else ""),
+                  curves=curves, kernels=kernels, shares_cpus=True)
+
+
+def recorded_kernels(records: list) -> dict[str, list]:
+    """D316: "op/dtype" -> [(flops, median kernel seconds)] per size, of the recorded worker calls.
+    A self-benchmark is taken once per host and cached, at whatever load the host had then; the
+    run's own kernels ran beside the program and its host's load as they were during the run."""
+    acc: dict[str, dict[float, list[float]]] = {}
+    for r in records:
+        kernel = (r.get("phases") or {}).get("kernel")
+        if r.get("kind") != "worker" or not kernel or not r.get("flops"):
+            continue
+        acc.setdefault(f"{r.get('op')}/{r.get('cdtype') or 'f8'}", {}).setdefault(float(r["flops"]), []).append(kernel)
+    return {key: [(f, sorted(v)[len(v) // 2]) for f, v in sorted(sizes.items())] for key, sizes in acc.items()}
 
 
 def loopback(report: dict[str, Any]) -> Link:

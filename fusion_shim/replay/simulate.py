@@ -319,7 +319,9 @@ def run_auto(steps: list[Step], dev: Device, link: Link, cold: bool = False,
             clock += st.local_s
             continue
         priced, reused = sim.priced_up(st)
-        state = WorkerState("ready" if told else "starting", bytes_in=priced, reused=reused)
+        # D317: a worker on the recording host's CPUs is contended, as the runtime's link says of it
+        state = WorkerState("ready" if told else "starting", bytes_in=priced, reused=reused,
+                            contended=dev.shares_cpus)
         d = planner.decide(call, [state])
         sim.note(st)
         if on_decision is not None:

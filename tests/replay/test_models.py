@@ -87,3 +87,13 @@ def test_the_rtx5090_is_fast_in_fp32_and_slow_in_fp64():
 def test_nvlink_c2c_moves_a_gigabyte_in_a_few_milliseconds():
     link = hardware.link("nvlink-c2c", {})
     assert link.transfer_s(1e9, 0) == pytest.approx(50e-6 + 5e-6 + 1e9 / 450e9)
+
+
+def test_the_cpu_worker_prices_an_op_at_its_kernels_measured_in_the_recorded_run():
+    bench = {"points": {"products/f8": [[1e6, 1e-4], [1e8, 1e-3]]}}
+    recs = [{"kind": "worker", "op": "numpy.matmul", "cdtype": "f8", "flops": 1e8, "phases": {"kernel": s}}
+            for s in (3e-3, 2e-3, 2.5e-3)]
+    dev = hardware.device("cpu-worker", {"worker": {"info": {"bench": bench}}, "records": recs})
+    assert dev.compute_s("numpy.matmul", "products", "f8", 1e8, 0) == pytest.approx(2.5e-3)  # the median
+    assert dev.compute_s("numpy.dot", "products", "f8", 1e8, 0) == pytest.approx(1e-3)  # no kernel: its benchmark
+    assert dev.bench()["points"] == bench["points"] and not dev.bench()["ops"]  # what the planner is told

@@ -201,3 +201,20 @@ def test_repeated_calls_of_a_site_take_their_median_local_time():
     steps += [simulate.Step(3 + i, "m.py:5", other.op, other, s, 0.0, [], [], 1.0) for i, s in enumerate((1e-3, 0.1))]
     assert simulate._smooth_local(steps) == 2
     assert [st.local_s for st in steps] == [2e-3, 2e-3, 2e-3, 1e-3, 0.1]  # a pair is left as recorded
+
+
+def test_a_worker_on_the_recording_hosts_cpus_is_decided_as_contended():
+    # a product the worker's (optimistic) self-benchmark makes 1.5x faster there: moved if the worker
+    # had CPUs of its own, kept here when it shares the program's (its first call's margin, D86)
+    n = 1024
+    call = Call("numpy.matmul", "products", "f8", 2.0 * n**3, 2 * n * n * 8, n * n * 8)
+    steps = [simulate.Step(i, "p.py:3", call.op, call, 0.03, 1e-4, [(1, n * n * 8), (2, n * n * 8)],
+                           [(10 + i, n * n * 8)], 1.0) for i in range(3)]
+    bench = {"points": {"products/f8": [[2.0 * n**3, 0.02]]}}
+    report = {"worker": {"info": {"bench": bench, "link": {"rtt_s": 1e-4}}}}
+    link = hardware.Link("fast", 1e-4, 1e12, 1e12, 0.0)
+    dev = hardware.device("cpu-worker", report)
+    assert dev.shares_cpus
+    assert simulate.run_auto(steps, dev, link).where[0] == "local"
+    dev.shares_cpus = False
+    assert simulate.run_auto(steps, dev, link).where[0] == "worker"

@@ -201,7 +201,7 @@ def cpu_worker(report: dict[str, Any]) -> Device:
 
 
 def recorded_kernels(records: list) -> dict[str, list]:
-    """D316: "op/dtype" -> [(flops, median kernel seconds)] per size, of the recorded worker calls.
+    """D316: "op/dtype" -> [(flops, mean kernel seconds)] per size, of the recorded worker calls.
     A self-benchmark is taken once per host and cached, at whatever load the host had then; the
     run's own kernels ran beside the program and its host's load as they were during the run."""
     acc: dict[str, dict[float, list[float]]] = {}
@@ -210,7 +210,7 @@ def recorded_kernels(records: list) -> dict[str, list]:
         if r.get("kind") != "worker" or not kernel or not r.get("flops"):
             continue
         acc.setdefault(f"{r.get('op')}/{r.get('cdtype') or 'f8'}", {}).setdefault(float(r["flops"]), []).append(kernel)
-    return {key: [(f, sorted(v)[len(v) // 2]) for f, v in sorted(sizes.items())] for key, sizes in acc.items()}
+    return {key: [(f, sum(v) / len(v)) for f, v in sorted(sizes.items())] for key, sizes in acc.items()}
 
 
 def loopback(report: dict[str, Any]) -> Link:
@@ -225,35 +225,65 @@ def loopback(report: dict[str, Any]) -> Link:
     up, down = link.get("up_bytes_per_s"), link.get("down_bytes_per_s")
     fit = _fit_link(report.get("records") or [])
     if fit is not None:
-        per_call, bps = fit
-        return Link("loopback", float(rtt), bps, bps, per_call_s=max(per_call - rtt, 0.0),
-                    source=f"round trip measured at connect; per-call cost and bandwidth fitted to the "
-                           "recorded worker calls")
+        per_call, up_bps, down_bps = fit
+        return Link("loopback", float(rtt), up_bps, down_bps, per_call_s=max(per_call - rtt, 0.0),
+                    source=f"round trip measured at connect; per-call cost and bandwidth each way fitted to "
+                           "the recorded worker calls")
     return Link("loopback", float(rtt), float(up or 2e9), float(down or up or 2e9), per_call_s=0.0,
                 source="measured at connect in the recorded run")
 
 
-def _fit_link(records: list) -> tuple[float, float] | None:
-    """(seconds per call, bytes/s) from worker calls: wall time less kernel and waits, on bytes moved."""
-    pts = []
+def _fit_link(records: list) -> tuple[float, float, float] | None:
+    """(seconds per call, up bytes/s, down bytes/s) from worker calls: wall time less kernel, waits and
+    checks, on the bytes sent and received; D318: each way its own rate (an answer is decoded and
+    copied out where a request is copied in), else one rate for both where the calls cannot tell
+    them apart."""
+    groups: dict[tuple[float, float], list[float]] = {}
     for r in records:
         ph = r.get("phases") or {}
         if r.get("kind") != "worker" or "kernel" not in ph:
             continue
-        moved = (r.get("bytes_sent") or 0) + (r.get("shm_sent") or 0) + (r.get("bytes_received") or 0) + (
-            r.get("shm_received") or 0)
-        pts.append((moved, (r.get("wall_s") or 0.0) - ph["kernel"] - ph.get("wait_ready", 0.0) - ph.get("link_probe", 0.0)))
-    if len(pts) < 4:
+        sent = (r.get("bytes_sent") or 0) + (r.get("shm_sent") or 0)
+        received = (r.get("bytes_received") or 0) + (r.get("shm_received") or 0)
+        rest = sum(ph.get(k, 0.0) for k in ("kernel", "wait_ready", "link_probe", "verify"))
+        key = (round(math.log2(sent + 1) * 4), round(math.log2(received + 1) * 4))  # quarter octaves
+        groups.setdefault(key, []).append((float(sent), float(received), (r.get("wall_s") or 0.0) - rest))
+    if sum(len(v) for v in groups.values()) < 4:
         return None
-    n = len(pts)
-    mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
-    var = sum((x - mx) ** 2 for x, _ in pts)
-    if var <= 0:
+    # D318: sizes seen under FIT_MIN times left out where others remain: one slow call (the first
+    # upload's new shared-memory segment) must not set the rate hundreds of calls are priced at
+    common = [v for v in groups.values() if len(v) >= FIT_MIN]
+    pts = [c for v in (common if len(common) >= 2 else groups.values()) for c in v]
+    ys = [y for *_, y in pts]
+    both = _least_squares([(1.0, u, d) for u, d, _ in pts], ys)
+    if both is not None and both[1] > 0 and both[2] > 0:
+        return max(both[0], 0.0), 1.0 / both[1], 1.0 / both[2]
+    one = _least_squares([(1.0, u + d) for u, d, _ in pts], ys)
+    if one is None or one[1] <= 0:
         return None
-    slope = sum((x - mx) * (y - my) for x, y in pts) / var
-    if slope <= 0:
-        return None
-    return max(my - slope * mx, 0.0), 1.0 / slope
+    return max(one[0], 0.0), 1.0 / one[1], 1.0 / one[1]
+
+
+FIT_MIN = 3  # calls of a size before its median is a point of the link's fit
+
+
+def _least_squares(rows: list[tuple[float, ...]], ys: list[float]) -> list[float] | None:
+    """The coefficients minimising the squared error of ``rows . x = ys`` (normal equations, each
+    column scaled to unit size first); None where the columns are not independent."""
+    k = len(rows[0])
+    scale = [max(abs(row[j]) for row in rows) or 1.0 for j in range(k)]
+    a = [[sum(row[i] * row[j] for row in rows) / (scale[i] * scale[j]) for j in range(k)]
+         + [sum(row[i] * y for row, y in zip(rows, ys)) / scale[i]] for i in range(k)]
+    for c in range(k):  # Gauss-Jordan with partial pivoting
+        p = max(range(c, k), key=lambda i: abs(a[i][c]))
+        if abs(a[p][c]) < 1e-9 * max(abs(a[i][i]) for i in range(k)):
+            return None
+        a[c], a[p] = a[p], a[c]
+        for i in range(k):
+            if i != c:
+                f = a[i][c] / a[c][c]
+                a[i] = [x - f * y for x, y in zip(a[i], a[c])]
+    return [a[i][k] / a[i][i] / scale[i] for i in range(k)]
 
 
 def _load_toml(path: str) -> dict[str, dict[str, Any]]:

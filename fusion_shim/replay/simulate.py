@@ -43,6 +43,7 @@ class Step:
     inputs: list[tuple[int, int]]   # (token, bytes)
     results: list[tuple[int, int]]
     scale: float               # calls of its site per call kept (the sample)
+    decide_s: float = 0.0      # the shim's own time for a call it decides to compute here (D317)
 
 
 @dataclass
@@ -132,22 +133,53 @@ def steps_of(report: dict[str, Any]) -> tuple[list[Step], dict[str, Any]]:
         start = r.get("start_s") or 0.0
         steps.append(Step(i, r.get("site", "?"), r["op"], call, local_s, max(start - end, 0.0),
                           _sized(r.get("inputs"), r.get("shapes"), r.get("dtypes")),
-                          _results(r.get("results"), call), total / kept[(r.get("site"), r.get("op"))]))
+                          _results(r.get("results"), call), total / kept[(r.get("site"), r.get("op"))],
+                          _decide_time(r)))
         end = start + (r.get("wall_s") or 0.0)
     smoothed = _smooth_local(steps)
+    changed = _version_changed_inputs(steps, records)
     sample = {**(report.get("sample") or {}), "records": len(records), "unpriced": unpriced,
-              "scaled_sites": sum(1 for s in steps if s.scale > 1.0), "local_smoothed": smoothed}
+              "scaled_sites": sum(1 for s in steps if s.scale > 1.0), "local_smoothed": smoothed,
+              "inputs_changed": changed}
     return steps, sample
 
 
-SMOOTH_MIN = 3  # calls of one site, op and size before their local times are taken as their median
+def _version_changed_inputs(steps: list[Step], records: list[dict]) -> int:
+    """D318: a buffer token names a live array, not its contents: an array written in place between
+    two calls (``X /= s``) keeps its token, and the recorded worker, which matches contents, was sent
+    it again. Where a recorded worker call held fewer input bytes (``bytes_saved``) than the inputs
+    already seen, the ones beyond them changed: from that call on they carry a new token, so the
+    replay sends them as the recorded run did. Calls computed here say nothing of it. Returns how
+    many inputs were given a new token."""
+    seen: set[int] = set()
+    version: dict[int, int] = {}  # recorded token -> the token of its current contents
+    fresh, changed = -(1 << 40), 0
+    for st in steps:
+        r = records[st.index]
+        saved = r.get("bytes_saved") if r.get("kind") == "worker" else None
+        inputs = []
+        for tok, size in st.inputs:
+            now = version.get(tok, tok)
+            if isinstance(saved, int) and size >= RESIDENT_MIN and now in seen:
+                if size <= saved:
+                    saved -= size  # the worker held these bytes: the same contents
+                else:
+                    fresh, changed = fresh - 1, changed + 1
+                    version[tok] = now = fresh
+            inputs.append((now, size))
+        st.inputs = inputs
+        seen.update(tok for tok, size in (*st.inputs, *st.results) if size >= RESIDENT_MIN)
+    return changed
+
+
+SMOOTH_MIN = 3  # calls of one site, op and size before their local times are taken as their mean
 
 
 def _smooth_local(steps: list[Step]) -> int:
     """D292: the local time of each call of a (site, op, work, bytes) group of at least SMOOTH_MIN
-    calls is the group's median: the recording host's load spikes are no property of the program,
-    and an oracle that kept them would move the calls they hit, which nothing can foresee.
-    Returns how many calls changed."""
+    calls is the group's mean: an oracle that kept each call's own time would move the calls the
+    recording host's load spikes hit, which nothing can foresee; D317: the mean, not the median, so
+    that the group's total stays the time the run measured. Returns how many calls changed."""
     groups: dict[tuple, list[Step]] = defaultdict(list)
     for st in steps:
         if st.call is not None:
@@ -155,10 +187,10 @@ def _smooth_local(steps: list[Step]) -> int:
     changed = 0
     for group in groups.values():
         if len(group) >= SMOOTH_MIN:
-            mid = sorted(st.local_s for st in group)[len(group) // 2]
+            mean = sum(st.local_s for st in group) / len(group)
             for st in group:
-                changed += st.local_s != mid
-                st.local_s = mid
+                changed += st.local_s != mean
+                st.local_s = mean
     return changed
 
 
@@ -180,6 +212,17 @@ def _nbytes(shape: Any, dtype: Any) -> int:
     except ValueError:
         size = 8
     return int(math.prod(shape)) * size
+
+
+def _decide_time(r: dict) -> float:
+    """D317: what a call decided here cost beyond computing it (fingerprinting its inputs, the
+    decision, the record): a call recorded here, its wall less its phases; one recorded on the
+    worker, its fingerprint, the part of that it also paid."""
+    ph = r.get("phases") or {}
+    if r.get("kind") == "local" and "local" in ph:
+        other = sum(ph.get(k, 0.0) for k in ("local", "wait_ready", "link_probe", "verify"))
+        return max((r.get("wall_s") or 0.0) - other, 0.0)
+    return float(ph.get("fingerprint") or 0.0) if r.get("kind") == "worker" else 0.0
 
 
 def _local_rates(records: list[dict]) -> dict[tuple, float]:
@@ -335,8 +378,8 @@ def run_auto(steps: list[Step], dev: Device, link: Link, cold: bool = False,
             out.up += int(up * st.scale)
             out.down += int(call.bytes_out * st.scale)
         else:
-            seconds = st.local_s
-            planner.observed_local(call, d, seconds)
+            planner.observed_local(call, d, st.local_s)
+            seconds = st.local_s + st.decide_s
         out.where.append(d.where)
         out.seconds.append(seconds)
         clock += seconds
@@ -449,16 +492,20 @@ def assumptions(dev: Device, link: Link, cold: bool, report: dict[str, Any],
     below = sum((o.get("below_floor") or 0) for o in (report.get("ops") or {}).values())
     return [
         f"device {dev.name}: " + ("its measured self-benchmark curves" if dev.curves else
-                                  "datasheet peaks x ASSUMED per-family efficiency curves (docs/replay.md)"),
+                                  "datasheet peaks x ASSUMED per-family efficiency curves (docs/replay.md)")
+        + (f"; the ops its recorded calls ran, their kernels as measured ({len(dev.kernels)})" if dev.kernels else "")
+        + ("; on the recording host's CPUs: decided as contended" if dev.shares_cpus else ""),
         f"link {link.name}: round trip {link.rtt_s * 1e6:.0f} us, {link.up_bps / 1e9:.3g}/{link.down_bps / 1e9:.3g} "
         f"GB/s up/down, {link.per_call_s * 1e6:.0f} us per call",
         "local times: as measured in the recorded run; calls it sent to its worker: the median measured local "
         "rate of their op, else the planner's prediction; each call of a site, op and size seen "
-        f"{SMOOTH_MIN}+ times: their median ({sample.get('local_smoothed', 0)} calls changed)",
+        f"{SMOOTH_MIN}+ times: their mean ({sample.get('local_smoothed', 0)} calls changed)",
         "worker " + (f"cold: ready {dev.cold_start_s:.3g} s into the program (auto computes here until then)"
                      if cold else "warm from the start (--cold counts its start)"),
         "the worker keeps inputs and results from 256 KiB up, within half its memory, least recently used "
-        "out first; identity by buffer address while the array lives",
+        "out first; identity by buffer address while the array lives, and a new one where the recorded worker "
+        f"was sent an input again ({sample.get('inputs_changed', 0)} changed in place)",
+        "a call auto keeps here also pays the shim's own time the recorded call took beyond computing",
         f"calls the recorded run kept under its size floor ({below}) are not replayed (they stay here)",
         "the program's own time between calls is as recorded; no overlap of calls",
         f"the first call of an op class and dtype the worker's self-benchmark did not run adds "

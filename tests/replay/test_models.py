@@ -97,3 +97,15 @@ def test_the_cpu_worker_prices_an_op_at_its_kernels_measured_in_the_recorded_run
     assert dev.compute_s("numpy.matmul", "products", "f8", 1e8, 0) == pytest.approx(2.5e-3)  # the median
     assert dev.compute_s("numpy.dot", "products", "f8", 1e8, 0) == pytest.approx(1e-3)  # no kernel: its benchmark
     assert dev.bench()["points"] == bench["points"] and not dev.bench()["ops"]  # what the planner is told
+
+
+def test_loopback_fits_each_way_and_a_size_seen_once_sets_no_rate():
+    def rec(up, down, wall):
+        return {"kind": "worker", "phases": {"kernel": 0.01}, "bytes_sent": up, "bytes_received": down,
+                "wall_s": 0.01 + wall}
+    recs = [rec(1e6, 0, 400e-6 + 1e6 / 2e9) for _ in range(3)] + [rec(1e6, 1e6, 400e-6 + 1e6 / 2e9 + 1e6 / 5e8)
+                                                                  for _ in range(3)]
+    recs += [rec(1e4, 0, 400e-6 + 1e4 / 2e9) for _ in range(3)] + [rec(2e7, 1e6, 0.1)]  # a slow first upload
+    link = hardware.loopback({"worker": {"info": {"link": {"rtt_s": 100e-6}}}, "records": recs})
+    assert link.up_bps == pytest.approx(2e9) and link.down_bps == pytest.approx(5e8)
+    assert link.per_call_s + link.rtt_s == pytest.approx(400e-6)

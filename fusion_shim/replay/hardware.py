@@ -223,22 +223,22 @@ def loopback(report: dict[str, Any]) -> Link:
     if not isinstance(rtt, (int, float)):
         raise ValueError("the report holds no measured link (worker.info.link.rtt_s): record a run with a worker")
     up, down = link.get("up_bytes_per_s"), link.get("down_bytes_per_s")
-    fit = _fit_link(report.get("records") or [])
+    probe = (float(up or 2e9), float(down or up or 2e9))
+    fit = _fit_link(report.get("records") or [], probe)
     if fit is not None:
-        per_call, up_bps, down_bps = fit
+        per_call, up_bps, down_bps, how = fit
         return Link("loopback", float(rtt), up_bps, down_bps, per_call_s=max(per_call - rtt, 0.0),
-                    source=f"round trip measured at connect; per-call cost and bandwidth each way fitted to "
-                           "the recorded worker calls")
-    return Link("loopback", float(rtt), float(up or 2e9), float(down or up or 2e9), per_call_s=0.0,
-                source="measured at connect in the recorded run")
+                    source=f"round trip measured at connect; {how}")
+    return Link("loopback", float(rtt), *probe, per_call_s=0.0, source="measured at connect in the recorded run")
 
 
-def _fit_link(records: list) -> tuple[float, float, float] | None:
-    """(seconds per call, up bytes/s, down bytes/s) from worker calls: wall time less kernel, waits and
-    checks, on the bytes sent and received; D318: each way its own rate (an answer is decoded and
-    copied out where a request is copied in), else one rate for both where the calls cannot tell
-    them apart."""
-    groups: dict[tuple[float, float], list[float]] = {}
+def _fit_link(records: list, probe: tuple[float, float]) -> tuple[float, float, float, str] | None:
+    """(seconds per call, up bytes/s, down bytes/s, how) from worker calls: wall time less kernel,
+    waits and checks, on the bytes sent and received. D318: each way its own rate (an answer is
+    decoded and copied out where a request is copied in), else one rate for both; where neither fit
+    is physical (a negative cost per call: the calls' sizes cannot tell the two apart), the rates
+    ``probe`` measured and the calls' mean time beyond them as the cost per call."""
+    groups: dict[tuple[float, float], list[tuple[float, float, float]]] = {}
     for r in records:
         ph = r.get("phases") or {}
         if r.get("kind") != "worker" or "kernel" not in ph:
@@ -256,15 +256,16 @@ def _fit_link(records: list) -> tuple[float, float, float] | None:
     pts = [c for v in (common if len(common) >= 2 else groups.values()) for c in v]
     ys = [y for *_, y in pts]
     both = _least_squares([(1.0, u, d) for u, d, _ in pts], ys)
-    if both is not None and both[1] > 0 and both[2] > 0:
-        return max(both[0], 0.0), 1.0 / both[1], 1.0 / both[2]
+    if both is not None and both[0] >= 0 and both[1] > 0 and both[2] > 0:
+        return both[0], 1.0 / both[1], 1.0 / both[2], "per-call cost and bandwidth each way fitted to its worker calls"
     one = _least_squares([(1.0, u + d) for u, d, _ in pts], ys)
-    if one is None or one[1] <= 0:
-        return None
-    return max(one[0], 0.0), 1.0 / one[1], 1.0 / one[1]
+    if one is not None and one[0] >= 0 and one[1] > 0:
+        return one[0], 1.0 / one[1], 1.0 / one[1], "per-call cost and bandwidth fitted to its worker calls"
+    per_call = sum(y - u / probe[0] - d / probe[1] for u, d, y in pts) / len(pts)
+    return max(per_call, 0.0), *probe, "bandwidth measured at connect; per-call cost its worker calls' mean beyond it"
 
 
-FIT_MIN = 3  # calls of a size before its median is a point of the link's fit
+FIT_MIN = 3  # calls of a size before they are points of the link's fit
 
 
 def _least_squares(rows: list[tuple[float, ...]], ys: list[float]) -> list[float] | None:

@@ -109,3 +109,15 @@ def test_loopback_fits_each_way_and_a_size_seen_once_sets_no_rate():
     link = hardware.loopback({"worker": {"info": {"link": {"rtt_s": 100e-6}}}, "records": recs})
     assert link.up_bps == pytest.approx(2e9) and link.down_bps == pytest.approx(5e8)
     assert link.per_call_s + link.rtt_s == pytest.approx(400e-6)
+
+
+def test_loopback_calls_that_cannot_tell_cost_from_rate_take_the_probes_rates_and_their_mean_cost():
+    # two sizes, the larger far slower than its bytes explain (a loaded host): a straight line
+    # through them would cost less than nothing per call
+    recs = [{"kind": "worker", "phases": {"kernel": 0.01}, "bytes_sent": 1e6, "bytes_received": d,
+             "wall_s": 0.01 + (0.001 if d == 0 else 0.02)} for d in (0, 1e6) for _ in range(4)]
+    probe = {"rtt_s": 100e-6, "up_bytes_per_s": 2e9, "down_bytes_per_s": 4e9}
+    link = hardware.loopback({"worker": {"info": {"link": probe}}, "records": recs})
+    assert (link.up_bps, link.down_bps) == (2e9, 4e9)
+    mean = (0.001 + 0.02) / 2 - 1e6 / 2e9 - 0.5 * 1e6 / 4e9
+    assert link.per_call_s + link.rtt_s == pytest.approx(mean)

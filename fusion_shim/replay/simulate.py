@@ -137,39 +137,52 @@ def steps_of(report: dict[str, Any]) -> tuple[list[Step], dict[str, Any]]:
                           _decide_time(r)))
         end = start + (r.get("wall_s") or 0.0)
     smoothed = _smooth_local(steps)
-    changed = _version_changed_inputs(steps, records)
+    changed, aliased = _match_recorded_residency(steps, records)
     sample = {**(report.get("sample") or {}), "records": len(records), "unpriced": unpriced,
               "scaled_sites": sum(1 for s in steps if s.scale > 1.0), "local_smoothed": smoothed,
-              "inputs_changed": changed}
+              "inputs_changed": changed, "inputs_aliased": aliased}
     return steps, sample
 
 
-def _version_changed_inputs(steps: list[Step], records: list[dict]) -> int:
-    """D318: a buffer token names a live array, not its contents: an array written in place between
-    two calls (``X /= s``) keeps its token, and the recorded worker, which matches contents, was sent
-    it again. Where a recorded worker call held fewer input bytes (``bytes_saved``) than the inputs
-    already seen, the ones beyond them changed: from that call on they carry a new token, so the
-    replay sends them as the recorded run did. Calls computed here say nothing of it. Returns how
-    many inputs were given a new token."""
-    seen: set[int] = set()
+def _match_recorded_residency(steps: list[Step], records: list[dict]) -> tuple[int, int]:
+    """D318: a buffer token names one live array, not its contents. An array written in place
+    between two calls (``X /= s``) keeps its token, yet the recorded worker, which matches contents,
+    was sent it again; a view (``H.T``) gets a token of its own, yet the worker held its contents.
+    A recorded worker call's ``bytes_saved`` (the input bytes it found held) tells them apart: inputs
+    already seen that it did not hold changed, and from then on carry a new token; an input never
+    seen that it held anyway is the most recent seen buffer of its size, and takes that token. The
+    replay then sends what the recorded run sent. Calls computed here say nothing of either.
+    Returns (inputs changed, inputs matched to a held buffer)."""
+    last: dict[int, int] = {}     # token seen -> its size, most recently used last
     version: dict[int, int] = {}  # recorded token -> the token of its current contents
-    fresh, changed = -(1 << 40), 0
+    fresh, changed, aliased = -(1 << 40), 0, 0
     for st in steps:
         r = records[st.index]
         saved = r.get("bytes_saved") if r.get("kind") == "worker" else None
-        inputs = []
-        for tok, size in st.inputs:
-            now = version.get(tok, tok)
-            if isinstance(saved, int) and size >= RESIDENT_MIN and now in seen:
-                if size <= saved:
-                    saved -= size  # the worker held these bytes: the same contents
-                else:
-                    fresh, changed = fresh - 1, changed + 1
-                    version[tok] = now = fresh
-            inputs.append((now, size))
+        inputs = [(version.get(tok, tok), size) for tok, size in st.inputs]
+        if isinstance(saved, int):
+            for i, (tok, size) in enumerate(inputs):
+                if size >= RESIDENT_MIN and tok in last:
+                    if size <= saved:
+                        saved -= size  # held: the same contents
+                    else:
+                        fresh, changed = fresh - 1, changed + 1
+                        version[st.inputs[i][0]] = fresh
+                        inputs[i] = (fresh, size)
+            mine = {tok for tok, _ in inputs}
+            for i, (tok, size) in enumerate(inputs):
+                if size >= RESIDENT_MIN and tok not in last and size <= saved:
+                    same = [t for t, n in last.items() if n == size and t not in mine]
+                    if same:
+                        saved, aliased = saved - size, aliased + 1
+                        version[st.inputs[i][0]] = same[-1]
+                        inputs[i] = (same[-1], size)
         st.inputs = inputs
-        seen.update(tok for tok, size in (*st.inputs, *st.results) if size >= RESIDENT_MIN)
-    return changed
+        for tok, size in (*st.inputs, *st.results):
+            if size >= RESIDENT_MIN:
+                last.pop(tok, None)
+                last[tok] = size
+    return changed, aliased
 
 
 SMOOTH_MIN = 3  # calls of one site, op and size before their local times are taken as their mean
@@ -503,8 +516,9 @@ def assumptions(dev: Device, link: Link, cold: bool, report: dict[str, Any],
         "worker " + (f"cold: ready {dev.cold_start_s:.3g} s into the program (auto computes here until then)"
                      if cold else "warm from the start (--cold counts its start)"),
         "the worker keeps inputs and results from 256 KiB up, within half its memory, least recently used "
-        "out first; identity by buffer address while the array lives, and a new one where the recorded worker "
-        f"was sent an input again ({sample.get('inputs_changed', 0)} changed in place)",
+        "out first; identity by buffer address while the array lives, a new one where the recorded worker was "
+        f"sent an input again ({sample.get('inputs_changed', 0)} changed in place), a held one where it held an "
+        f"input never seen ({sample.get('inputs_aliased', 0)} views)",
         "a call auto keeps here also pays the shim's own time the recorded call took beyond computing",
         f"calls the recorded run kept under its size floor ({below}) are not replayed (they stay here)",
         "the program's own time between calls is as recorded; no overlap of calls",

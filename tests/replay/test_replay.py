@@ -237,7 +237,7 @@ def test_an_input_the_recorded_worker_was_sent_again_is_uploaded_again():
                _rec("numpy.linalg.norm", "linalg", [2], [x], [4], saved=8 * 512 * 64, t=0.1),
                _rec("numpy.matmul", "products", [1, 2], [a, x], [5], saved=8 * 512 * 512, t=0.2)]
     steps, sample = simulate.steps_of({"records": records})
-    assert sample["inputs_changed"] == 1
+    assert sample["inputs_changed"] == 1 and sample["inputs_aliased"] == 0
     assert steps[2].inputs[0][0] == 1 and steps[2].inputs[1][0] not in (2, 3, 4)
     dev, link = hardware.device("h100-sxm", {}), hardware.link("pcie5", {})
     assert simulate.run_fixed(steps, dev, link, "remote").up == 8 * (512 * 512 + 512 * 64 * 2)
@@ -253,3 +253,14 @@ def test_a_call_auto_keeps_here_pays_the_shims_own_time_the_recorded_call_took()
     out = simulate.run_auto(steps, dev, link)
     assert out.where == ["local"] and "here" in out.reasons[0] and out.seconds == [pytest.approx(0.0035)]
     assert simulate.run_fixed(steps, dev, link, "local").seconds == [pytest.approx(0.0005)]  # policy local decides nothing
+
+
+def test_a_view_the_recorded_worker_held_is_not_uploaded_again():
+    # H @ W uploads H; H.T, a view with a token of its own, was found held by the worker
+    h, w, g = [512, 128], [128, 128], [512, 64]
+    records = [_rec("numpy.matmul", "products", [1, 2], [h, w], [3], t=0.0),
+               _rec("numpy.matmul", "products", [4, 5], [h[::-1], g], [6], saved=8 * 512 * 128, t=0.1)]
+    steps, sample = simulate.steps_of({"records": records})
+    assert sample["inputs_aliased"] == 1 and steps[1].inputs[0][0] == 1
+    dev, link = hardware.device("h100-sxm", {}), hardware.link("pcie5", {})
+    assert simulate.run_fixed(steps, dev, link, "remote").up == 8 * (512 * 128 + 128 * 128 + 512 * 64)

@@ -185,14 +185,14 @@ def _match_recorded_residency(steps: list[Step], records: list[dict]) -> tuple[i
     return changed, aliased
 
 
-SMOOTH_MIN = 3  # calls of one site, op and size before their local times are taken as their mean
+SMOOTH_MIN = 3  # calls of one site, op and size before their local times are taken as their median
 
 
 def _smooth_local(steps: list[Step]) -> int:
     """D292: the local time of each call of a (site, op, work, bytes) group of at least SMOOTH_MIN
-    calls is the group's mean: an oracle that kept each call's own time would move the calls the
-    recording host's load spikes hit, which nothing can foresee; D317: the mean, not the median, so
-    that the group's total stays the time the run measured. Returns how many calls changed."""
+    calls is the group's median: the recording host's load spikes are no property of the program,
+    and an oracle that kept them would move the calls they hit, which nothing can foresee.
+    Returns how many calls changed."""
     groups: dict[tuple, list[Step]] = defaultdict(list)
     for st in steps:
         if st.call is not None:
@@ -200,10 +200,10 @@ def _smooth_local(steps: list[Step]) -> int:
     changed = 0
     for group in groups.values():
         if len(group) >= SMOOTH_MIN:
-            mean = sum(st.local_s for st in group) / len(group)
+            mid = sorted(st.local_s for st in group)[len(group) // 2]
             for st in group:
-                changed += st.local_s != mean
-                st.local_s = mean
+                changed += st.local_s != mid
+                st.local_s = mid
     return changed
 
 
@@ -512,7 +512,7 @@ def assumptions(dev: Device, link: Link, cold: bool, report: dict[str, Any],
         f"GB/s up/down, {link.per_call_s * 1e6:.0f} us per call",
         "local times: as measured in the recorded run; calls it sent to its worker: the median measured local "
         "rate of their op, else the planner's prediction; each call of a site, op and size seen "
-        f"{SMOOTH_MIN}+ times: their mean ({sample.get('local_smoothed', 0)} calls changed)",
+        f"{SMOOTH_MIN}+ times: their median ({sample.get('local_smoothed', 0)} calls changed)",
         "worker " + (f"cold: ready {dev.cold_start_s:.3g} s into the program (auto computes here until then)"
                      if cold else "warm from the start (--cold counts its start)"),
         "the worker keeps inputs and results from 256 KiB up, within half its memory, least recently used "

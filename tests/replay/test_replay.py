@@ -194,13 +194,13 @@ def test_the_replayed_planner_starts_calibrated_from_the_recorded_local_times():
     assert d.where == "worker" and d.local_s == pytest.approx(big.flops / 20e9, rel=0.05)
 
 
-def test_repeated_calls_of_a_site_take_their_mean_local_time_keeping_their_total():
+def test_repeated_calls_of_a_site_take_their_median_local_time():
     call = Call("numpy.matmul", "products", "f8", 1e7, 1 << 20, 1 << 19)
     other = Call("numpy.matmul", "products", "f8", 2e7, 1 << 20, 1 << 19)
     steps = [simulate.Step(i, "m.py:5", call.op, call, s, 0.0, [], [], 1.0) for i, s in enumerate((1e-3, 2e-3, 0.1))]
     steps += [simulate.Step(3 + i, "m.py:5", other.op, other, s, 0.0, [], [], 1.0) for i, s in enumerate((1e-3, 0.1))]
-    assert simulate._smooth_local(steps) == 3
-    assert [st.local_s for st in steps] == pytest.approx([0.103 / 3] * 3 + [1e-3, 0.1])  # a pair is left as recorded
+    assert simulate._smooth_local(steps) == 2
+    assert [st.local_s for st in steps] == [2e-3, 2e-3, 2e-3, 1e-3, 0.1]  # a pair is left as recorded
 
 
 def test_a_worker_on_the_recording_hosts_cpus_is_decided_as_contended():

@@ -56,7 +56,7 @@ class Device:
     # measured (flops, seconds) per "op/dtype" of the recorded run's own kernels on this worker: they
     # price its calls before the self-benchmark does, and are never reported as its self-benchmark
     kernels: dict[str, list] = field(default_factory=dict)
-    shares_cpus: bool = False              # computes on the recording host's CPUs, beside the program
+    shares_cpus: bool = False              # D317: on the recording host's CPUs, beside the program
 
     def compute_s(self, op: str, family: str, dtype: str, flops: float, nbytes: float) -> float:
         measured = (self.kernels.get(f"{op}/{dtype}") or self.curves.get(f"{op}/{dtype}")
@@ -216,7 +216,7 @@ def recorded_kernels(records: list) -> dict[str, list]:
 def loopback(report: dict[str, Any]) -> Link:
     """The link of the recorded run: its round trip measured at connect (``worker.info.link``), and
     its per-call cost and bandwidth fitted to the recorded worker calls' own times outside the kernel
-    (least squares of seconds on bytes moved; D240), else the bandwidth its probe measured."""
+    (least squares of seconds on bytes moved; D240, D318), else the bandwidth its probe measured."""
     info = ((report.get("worker") or {}).get("info") or {})
     link = info.get("link") if isinstance(info.get("link"), dict) else {}
     rtt = link.get("rtt_s")

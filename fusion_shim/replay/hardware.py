@@ -105,9 +105,16 @@ class Link:
     per_call_s: float                      # this project's own per-call work: encode, decode, copies
     source: str = ""
     noise: float = 0.0                     # relative spread of a transfer's time from run to run
+    # what a worker's connect probe measured (round trip, bytes/s up and down, None: not measured),
+    # where known; else the model's own figures
+    probed: tuple[float, float | None, float | None] | None = None
 
     def transfer_s(self, up: float, down: float) -> float:
         return self.per_call_s + self.rtt_s + up / self.up_bps + down / self.down_bps
+
+    def probe(self) -> tuple[float, float | None, float | None]:
+        """What the planner is told at connect: (round trip, up, down bytes/s)."""
+        return self.probed or (self.rtt_s + self.per_call_s, self.up_bps, self.down_bps)
 
 
 def _shape_work(family: str, n: int, size: int) -> tuple[float, float]:
@@ -224,12 +231,15 @@ def loopback(report: dict[str, Any]) -> Link:
         raise ValueError("the report holds no measured link (worker.info.link.rtt_s): record a run with a worker")
     up, down = link.get("up_bytes_per_s"), link.get("down_bytes_per_s")
     probe = (float(up or 2e9), float(down or up or 2e9))
+    # D317: the planner is told what the recorded run's probe told it, never the calls' fitted cost
+    probed = (float(rtt), float(up) if up else None, float(down) if down else None)
     fit = _fit_link(report.get("records") or [], probe)
     if fit is not None:
         per_call, up_bps, down_bps, how = fit
         return Link("loopback", float(rtt), up_bps, down_bps, per_call_s=max(per_call - rtt, 0.0),
-                    source=f"round trip measured at connect; {how}")
-    return Link("loopback", float(rtt), *probe, per_call_s=0.0, source="measured at connect in the recorded run")
+                    source=f"round trip measured at connect; {how}", probed=probed)
+    return Link("loopback", float(rtt), *probe, per_call_s=0.0, source="measured at connect in the recorded run",
+                probed=probed)
 
 
 def _fit_link(records: list, probe: tuple[float, float]) -> tuple[float, float, float, str] | None:

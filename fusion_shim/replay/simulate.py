@@ -365,7 +365,7 @@ def run_auto(steps: list[Step], dev: Device, link: Link, cold: bool = False,
     for st in steps:
         clock += st.gap_s
         if not told and clock >= ready_at:
-            planner.worker_ready(0, dev.bench(), link.rtt_s + link.per_call_s, link.up_bps, link.down_bps)
+            planner.worker_ready(0, dev.bench(), *link.probe())
             told = True
         call = st.call
         if call is None or call.bytes_in < planner.floor_cells[call.op][0]:

@@ -121,3 +121,16 @@ def test_loopback_calls_that_cannot_tell_cost_from_rate_take_the_probes_rates_an
     assert (link.up_bps, link.down_bps) == (2e9, 4e9)
     mean = (0.001 + 0.02) / 2 - 1e6 / 2e9 - 0.5 * 1e6 / 4e9
     assert link.per_call_s + link.rtt_s == pytest.approx(mean)
+
+
+def test_the_loopback_link_tells_the_planner_what_the_recorded_probe_measured():
+    # calls that cost 20 ms each beyond their bytes (a loaded host): priced so, yet the planner is
+    # told at connect only what the run's probe measured, as the live one was
+    recs = [{"kind": "worker", "phases": {"kernel": 0.01}, "bytes_sent": b, "bytes_received": 0,
+             "wall_s": 0.01 + 0.02 + b / 1e9} for b in (1e5, 1e6, 4e6, 8e6)]
+    link = hardware.loopback({"worker": {"info": {"link": {"rtt_s": 100e-6, "up_bytes_per_s": 3e9}}},
+                              "records": recs})
+    assert link.per_call_s + link.rtt_s == pytest.approx(0.02)
+    assert link.probe() == (100e-6, 3e9, None)
+    pcie = hardware.link("pcie5", {})
+    assert pcie.probe() == (pcie.rtt_s + pcie.per_call_s, pcie.up_bps, pcie.down_bps)

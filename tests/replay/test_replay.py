@@ -252,7 +252,8 @@ def test_a_call_auto_keeps_here_pays_the_shims_own_time_the_recorded_call_took()
     dev, link = hardware.device("h100-sxm", {}), hardware.link("1gbe", {})
     out = simulate.run_auto(steps, dev, link)
     assert out.where == ["local"] and "here" in out.reasons[0] and out.seconds == [pytest.approx(0.0035)]
-    assert simulate.run_fixed(steps, dev, link, "local").seconds == [pytest.approx(0.0005)]  # policy local decides nothing
+    # policy local decides nothing
+    assert simulate.run_fixed(steps, dev, link, "local").seconds == [pytest.approx(0.0005)]
 
 
 def test_a_view_the_recorded_worker_held_is_not_uploaded_again():

@@ -53,9 +53,14 @@ class Device:
     # measured (flops, seconds) per "family/dtype" and per "op/dtype" (a worker's self-benchmark):
     # where present they replace peak and efficiency
     curves: dict[str, list] = field(default_factory=dict)
+    # measured (flops, seconds) per "op/dtype" of the recorded run's own kernels on this worker: they
+    # price its calls before the self-benchmark does, and are never reported as its self-benchmark
+    kernels: dict[str, list] = field(default_factory=dict)
+    shares_cpus: bool = False              # D317: on the recording host's CPUs, beside the program
 
     def compute_s(self, op: str, family: str, dtype: str, flops: float, nbytes: float) -> float:
-        measured = self.curves.get(f"{op}/{dtype}") or self.curves.get(f"{family}/{dtype}")
+        measured = (self.kernels.get(f"{op}/{dtype}") or self.curves.get(f"{op}/{dtype}")
+                    or self.curves.get(f"{family}/{dtype}"))
         if measured is None and dtype not in ("f8", "f4", "c16", "c8"):
             measured = self.curves.get(f"{family}/f8")
         if measured:
@@ -100,9 +105,16 @@ class Link:
     per_call_s: float                      # this project's own per-call work: encode, decode, copies
     source: str = ""
     noise: float = 0.0                     # relative spread of a transfer's time from run to run
+    # what a worker's connect probe measured (round trip, bytes/s up and down, None: not measured),
+    # where known; else the model's own figures
+    probed: tuple[float, float | None, float | None] | None = None
 
     def transfer_s(self, up: float, down: float) -> float:
         return self.per_call_s + self.rtt_s + up / self.up_bps + down / self.down_bps
+
+    def probe(self) -> tuple[float, float | None, float | None]:
+        """What the planner is told at connect: (round trip, up, down bytes/s)."""
+        return self.probed or (self.rtt_s + self.per_call_s, self.up_bps, self.down_bps)
 
 
 def _shape_work(family: str, n: int, size: int) -> tuple[float, float]:
@@ -187,52 +199,102 @@ def cpu_worker(report: dict[str, Any]) -> Device:
         raise ValueError("the report holds no worker self-benchmark (worker.info.bench): record a run with "
                          "a CPU worker (--device cpu or --policy remote) to replay on 'cpu-worker'")
     ready = (report.get("worker") or {}).get("ready_after_s")
+    kernels = recorded_kernels(report.get("records") or [])
     return Device("cpu-worker", peak={}, mem_bps=20e9, memory=8e9, launch_s=0.0,
                   cold_start_s=float(ready) if isinstance(ready, (int, float)) else 2.0, noise=0.1,
-                  source="the recorded worker's own self-benchmark", curves=curves)
+                  source="the recorded worker's own self-benchmark" + (
+                      f"; its kernels as measured in the recorded run ({len(kernels)} ops)" if kernels else ""),
+                  curves=curves, kernels=kernels, shares_cpus=True)
+
+
+def recorded_kernels(records: list) -> dict[str, list]:
+    """D316: "op/dtype" -> [(flops, mean kernel seconds)] per size, of the recorded worker calls.
+    A self-benchmark is taken once per host and cached, at whatever load the host had then; the
+    run's own kernels ran beside the program and its host's load as they were during the run."""
+    acc: dict[str, dict[float, list[float]]] = {}
+    for r in records:
+        kernel = (r.get("phases") or {}).get("kernel")
+        if r.get("kind") != "worker" or not kernel or not r.get("flops"):
+            continue
+        acc.setdefault(f"{r.get('op')}/{r.get('cdtype') or 'f8'}", {}).setdefault(float(r["flops"]), []).append(kernel)
+    return {key: [(f, sum(v) / len(v)) for f, v in sorted(sizes.items())] for key, sizes in acc.items()}
 
 
 def loopback(report: dict[str, Any]) -> Link:
     """The link of the recorded run: its round trip measured at connect (``worker.info.link``), and
     its per-call cost and bandwidth fitted to the recorded worker calls' own times outside the kernel
-    (least squares of seconds on bytes moved; D240), else the bandwidth its probe measured."""
+    (least squares of seconds on bytes moved; D240, D318), else the bandwidth its probe measured."""
     info = ((report.get("worker") or {}).get("info") or {})
     link = info.get("link") if isinstance(info.get("link"), dict) else {}
     rtt = link.get("rtt_s")
     if not isinstance(rtt, (int, float)):
         raise ValueError("the report holds no measured link (worker.info.link.rtt_s): record a run with a worker")
     up, down = link.get("up_bytes_per_s"), link.get("down_bytes_per_s")
-    fit = _fit_link(report.get("records") or [])
+    probe = (float(up or 2e9), float(down or up or 2e9))
+    # D317: the planner is told what the recorded run's probe told it, never the calls' fitted cost
+    probed = (float(rtt), float(up) if up else None, float(down) if down else None)
+    fit = _fit_link(report.get("records") or [], probe)
     if fit is not None:
-        per_call, bps = fit
-        return Link("loopback", float(rtt), bps, bps, per_call_s=max(per_call - rtt, 0.0),
-                    source=f"round trip measured at connect; per-call cost and bandwidth fitted to the "
-                           "recorded worker calls")
-    return Link("loopback", float(rtt), float(up or 2e9), float(down or up or 2e9), per_call_s=0.0,
-                source="measured at connect in the recorded run")
+        per_call, up_bps, down_bps, how = fit
+        return Link("loopback", float(rtt), up_bps, down_bps, per_call_s=max(per_call - rtt, 0.0),
+                    source=f"round trip measured at connect; {how}", probed=probed)
+    return Link("loopback", float(rtt), *probe, per_call_s=0.0, source="measured at connect in the recorded run",
+                probed=probed)
 
 
-def _fit_link(records: list) -> tuple[float, float] | None:
-    """(seconds per call, bytes/s) from worker calls: wall time less kernel and waits, on bytes moved."""
-    pts = []
+def _fit_link(records: list, probe: tuple[float, float]) -> tuple[float, float, float, str] | None:
+    """(seconds per call, up bytes/s, down bytes/s, how) from worker calls: wall time less kernel,
+    waits and checks, on the bytes sent and received. D318: each way its own rate (an answer is
+    decoded and copied out where a request is copied in), else one rate for both; where neither fit
+    is physical (a negative cost per call: the calls' sizes cannot tell the two apart), the rates
+    ``probe`` measured and the calls' mean time beyond them as the cost per call."""
+    groups: dict[tuple[float, float], list[tuple[float, float, float]]] = {}
     for r in records:
         ph = r.get("phases") or {}
         if r.get("kind") != "worker" or "kernel" not in ph:
             continue
-        moved = (r.get("bytes_sent") or 0) + (r.get("shm_sent") or 0) + (r.get("bytes_received") or 0) + (
-            r.get("shm_received") or 0)
-        pts.append((moved, (r.get("wall_s") or 0.0) - ph["kernel"] - ph.get("wait_ready", 0.0) - ph.get("link_probe", 0.0)))
-    if len(pts) < 4:
+        sent = (r.get("bytes_sent") or 0) + (r.get("shm_sent") or 0)
+        received = (r.get("bytes_received") or 0) + (r.get("shm_received") or 0)
+        rest = sum(ph.get(k, 0.0) for k in ("kernel", "wait_ready", "link_probe", "verify"))
+        key = (round(math.log2(sent + 1) * 4), round(math.log2(received + 1) * 4))  # quarter octaves
+        groups.setdefault(key, []).append((float(sent), float(received), (r.get("wall_s") or 0.0) - rest))
+    if sum(len(v) for v in groups.values()) < 4:
         return None
-    n = len(pts)
-    mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
-    var = sum((x - mx) ** 2 for x, _ in pts)
-    if var <= 0:
-        return None
-    slope = sum((x - mx) * (y - my) for x, y in pts) / var
-    if slope <= 0:
-        return None
-    return max(my - slope * mx, 0.0), 1.0 / slope
+    # D318: sizes seen under FIT_MIN times left out where others remain: one slow call (the first
+    # upload's new shared-memory segment) must not set the rate hundreds of calls are priced at
+    common = [v for v in groups.values() if len(v) >= FIT_MIN]
+    pts = [c for v in (common if len(common) >= 2 else groups.values()) for c in v]
+    ys = [y for *_, y in pts]
+    both = _least_squares([(1.0, u, d) for u, d, _ in pts], ys)
+    if both is not None and both[0] >= 0 and both[1] > 0 and both[2] > 0:
+        return both[0], 1.0 / both[1], 1.0 / both[2], "per-call cost and bandwidth each way fitted to its worker calls"
+    one = _least_squares([(1.0, u + d) for u, d, _ in pts], ys)
+    if one is not None and one[0] >= 0 and one[1] > 0:
+        return one[0], 1.0 / one[1], 1.0 / one[1], "per-call cost and bandwidth fitted to its worker calls"
+    per_call = sum(y - u / probe[0] - d / probe[1] for u, d, y in pts) / len(pts)
+    return max(per_call, 0.0), *probe, "bandwidth measured at connect; per-call cost its worker calls' mean beyond it"
+
+
+FIT_MIN = 3  # calls of a size before they are points of the link's fit
+
+
+def _least_squares(rows: list[tuple[float, ...]], ys: list[float]) -> list[float] | None:
+    """The coefficients minimising the squared error of ``rows . x = ys`` (normal equations, each
+    column scaled to unit size first); None where the columns are not independent."""
+    k = len(rows[0])
+    scale = [max(abs(row[j]) for row in rows) or 1.0 for j in range(k)]
+    a = [[sum(row[i] * row[j] for row in rows) / (scale[i] * scale[j]) for j in range(k)]
+         + [sum(row[i] * y for row, y in zip(rows, ys)) / scale[i]] for i in range(k)]
+    for c in range(k):  # Gauss-Jordan with partial pivoting
+        p = max(range(c, k), key=lambda i: abs(a[i][c]))
+        if abs(a[p][c]) < 1e-9 * max(abs(a[i][i]) for i in range(k)):
+            return None
+        a[c], a[p] = a[p], a[c]
+        for i in range(k):
+            if i != c:
+                f = a[i][c] / a[c][c]
+                a[i] = [x - f * y for x, y in zip(a[i], a[c])]
+    return [a[i][k] / a[i][i] / scale[i] for i in range(k)]
 
 
 def _load_toml(path: str) -> dict[str, dict[str, Any]]:

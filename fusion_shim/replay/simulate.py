@@ -43,6 +43,7 @@ class Step:
     inputs: list[tuple[int, int]]   # (token, bytes)
     results: list[tuple[int, int]]
     scale: float               # calls of its site per call kept (the sample)
+    decide_s: float = 0.0      # the shim's own time for a call it decides to compute here (D317)
 
 
 @dataclass
@@ -132,12 +133,56 @@ def steps_of(report: dict[str, Any]) -> tuple[list[Step], dict[str, Any]]:
         start = r.get("start_s") or 0.0
         steps.append(Step(i, r.get("site", "?"), r["op"], call, local_s, max(start - end, 0.0),
                           _sized(r.get("inputs"), r.get("shapes"), r.get("dtypes")),
-                          _results(r.get("results"), call), total / kept[(r.get("site"), r.get("op"))]))
+                          _results(r.get("results"), call), total / kept[(r.get("site"), r.get("op"))],
+                          _decide_time(r)))
         end = start + (r.get("wall_s") or 0.0)
     smoothed = _smooth_local(steps)
+    changed, aliased = _match_recorded_residency(steps, records)
     sample = {**(report.get("sample") or {}), "records": len(records), "unpriced": unpriced,
-              "scaled_sites": sum(1 for s in steps if s.scale > 1.0), "local_smoothed": smoothed}
+              "scaled_sites": sum(1 for s in steps if s.scale > 1.0), "local_smoothed": smoothed,
+              "inputs_changed": changed, "inputs_aliased": aliased}
     return steps, sample
+
+
+def _match_recorded_residency(steps: list[Step], records: list[dict]) -> tuple[int, int]:
+    """D318: a buffer token names one live array, not its contents. An array written in place
+    between two calls (``X /= s``) keeps its token, yet the recorded worker, which matches contents,
+    was sent it again; a view (``H.T``) gets a token of its own, yet the worker held its contents.
+    A recorded worker call's ``bytes_saved`` (the input bytes it found held) tells them apart: inputs
+    already seen that it did not hold changed, and from then on carry a new token; an input never
+    seen that it held anyway is the most recent seen buffer of its size, and takes that token. The
+    replay then sends what the recorded run sent. Calls computed here say nothing of either.
+    Returns (inputs changed, inputs matched to a held buffer)."""
+    last: dict[int, int] = {}     # token seen -> its size, most recently used last
+    version: dict[int, int] = {}  # recorded token -> the token of its current contents
+    fresh, changed, aliased = -(1 << 40), 0, 0
+    for st in steps:
+        r = records[st.index]
+        saved = r.get("bytes_saved") if r.get("kind") == "worker" else None
+        inputs = [(version.get(tok, tok), size) for tok, size in st.inputs]
+        if isinstance(saved, int):
+            for i, (tok, size) in enumerate(inputs):
+                if size >= RESIDENT_MIN and tok in last:
+                    if size <= saved:
+                        saved -= size  # held: the same contents
+                    else:
+                        fresh, changed = fresh - 1, changed + 1
+                        version[st.inputs[i][0]] = fresh
+                        inputs[i] = (fresh, size)
+            mine = {tok for tok, _ in inputs}
+            for i, (tok, size) in enumerate(inputs):
+                if size >= RESIDENT_MIN and tok not in last and size <= saved:
+                    same = [t for t, n in last.items() if n == size and t not in mine]
+                    if same:
+                        saved, aliased = saved - size, aliased + 1
+                        version[st.inputs[i][0]] = same[-1]
+                        inputs[i] = (same[-1], size)
+        st.inputs = inputs
+        for tok, size in (*st.inputs, *st.results):
+            if size >= RESIDENT_MIN:
+                last.pop(tok, None)
+                last[tok] = size
+    return changed, aliased
 
 
 SMOOTH_MIN = 3  # calls of one site, op and size before their local times are taken as their median
@@ -180,6 +225,17 @@ def _nbytes(shape: Any, dtype: Any) -> int:
     except ValueError:
         size = 8
     return int(math.prod(shape)) * size
+
+
+def _decide_time(r: dict) -> float:
+    """D317: what a call decided here cost beyond computing it (fingerprinting its inputs, the
+    decision, the record): a call recorded here, its wall less its phases; one recorded on the
+    worker, its fingerprint, the part of that it also paid."""
+    ph = r.get("phases") or {}
+    if r.get("kind") == "local" and "local" in ph:
+        other = sum(ph.get(k, 0.0) for k in ("local", "wait_ready", "link_probe", "verify"))
+        return max((r.get("wall_s") or 0.0) - other, 0.0)
+    return float(ph.get("fingerprint") or 0.0) if r.get("kind") == "worker" else 0.0
 
 
 def _local_rates(records: list[dict]) -> dict[tuple, float]:
@@ -309,7 +365,7 @@ def run_auto(steps: list[Step], dev: Device, link: Link, cold: bool = False,
     for st in steps:
         clock += st.gap_s
         if not told and clock >= ready_at:
-            planner.worker_ready(0, dev.bench(), link.rtt_s + link.per_call_s, link.up_bps, link.down_bps)
+            planner.worker_ready(0, dev.bench(), *link.probe())
             told = True
         call = st.call
         if call is None or call.bytes_in < planner.floor_cells[call.op][0]:
@@ -319,7 +375,9 @@ def run_auto(steps: list[Step], dev: Device, link: Link, cold: bool = False,
             clock += st.local_s
             continue
         priced, reused = sim.priced_up(st)
-        state = WorkerState("ready" if told else "starting", bytes_in=priced, reused=reused)
+        # D317: a worker on the recording host's CPUs is contended, as the runtime's link says of it
+        state = WorkerState("ready" if told else "starting", bytes_in=priced, reused=reused,
+                            contended=dev.shares_cpus)
         d = planner.decide(call, [state])
         sim.note(st)
         if on_decision is not None:
@@ -333,8 +391,8 @@ def run_auto(steps: list[Step], dev: Device, link: Link, cold: bool = False,
             out.up += int(up * st.scale)
             out.down += int(call.bytes_out * st.scale)
         else:
-            seconds = st.local_s
-            planner.observed_local(call, d, seconds)
+            planner.observed_local(call, d, st.local_s)
+            seconds = st.local_s + st.decide_s
         out.where.append(d.where)
         out.seconds.append(seconds)
         clock += seconds
@@ -447,7 +505,9 @@ def assumptions(dev: Device, link: Link, cold: bool, report: dict[str, Any],
     below = sum((o.get("below_floor") or 0) for o in (report.get("ops") or {}).values())
     return [
         f"device {dev.name}: " + ("its measured self-benchmark curves" if dev.curves else
-                                  "datasheet peaks x ASSUMED per-family efficiency curves (docs/replay.md)"),
+                                  "datasheet peaks x ASSUMED per-family efficiency curves (docs/replay.md)")
+        + (f"; the ops its recorded calls ran, their kernels as measured ({len(dev.kernels)})" if dev.kernels else "")
+        + ("; on the recording host's CPUs: decided as contended" if dev.shares_cpus else ""),
         f"link {link.name}: round trip {link.rtt_s * 1e6:.0f} us, {link.up_bps / 1e9:.3g}/{link.down_bps / 1e9:.3g} "
         f"GB/s up/down, {link.per_call_s * 1e6:.0f} us per call",
         "local times: as measured in the recorded run; calls it sent to its worker: the median measured local "
@@ -456,7 +516,10 @@ def assumptions(dev: Device, link: Link, cold: bool, report: dict[str, Any],
         "worker " + (f"cold: ready {dev.cold_start_s:.3g} s into the program (auto computes here until then)"
                      if cold else "warm from the start (--cold counts its start)"),
         "the worker keeps inputs and results from 256 KiB up, within half its memory, least recently used "
-        "out first; identity by buffer address while the array lives",
+        "out first; identity by buffer address while the array lives, a new one where the recorded worker was "
+        f"sent an input again ({sample.get('inputs_changed', 0)} changed in place), a held one where it held an "
+        f"input never seen ({sample.get('inputs_aliased', 0)} views)",
+        "a call auto keeps here also pays the shim's own time the recorded call took beyond computing",
         f"calls the recorded run kept under its size floor ({below}) are not replayed (they stay here)",
         "the program's own time between calls is as recorded; no overlap of calls",
         f"the first call of an op class and dtype the worker's self-benchmark did not run adds "

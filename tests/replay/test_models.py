@@ -87,3 +87,50 @@ def test_the_rtx5090_is_fast_in_fp32_and_slow_in_fp64():
 def test_nvlink_c2c_moves_a_gigabyte_in_a_few_milliseconds():
     link = hardware.link("nvlink-c2c", {})
     assert link.transfer_s(1e9, 0) == pytest.approx(50e-6 + 5e-6 + 1e9 / 450e9)
+
+
+def test_the_cpu_worker_prices_an_op_at_its_kernels_measured_in_the_recorded_run():
+    bench = {"points": {"products/f8": [[1e6, 1e-4], [1e8, 1e-3]]}}
+    recs = [{"kind": "worker", "op": "numpy.matmul", "cdtype": "f8", "flops": 1e8, "phases": {"kernel": s}}
+            for s in (3e-3, 2e-3, 2.5e-3)]
+    dev = hardware.device("cpu-worker", {"worker": {"info": {"bench": bench}}, "records": recs})
+    assert dev.compute_s("numpy.matmul", "products", "f8", 1e8, 0) == pytest.approx(2.5e-3)  # the median
+    assert dev.compute_s("numpy.dot", "products", "f8", 1e8, 0) == pytest.approx(1e-3)  # no kernel: its benchmark
+    assert dev.bench()["points"] == bench["points"] and not dev.bench()["ops"]  # what the planner is told
+
+
+def test_loopback_fits_each_way_and_a_size_seen_once_sets_no_rate():
+    def rec(up, down, wall):
+        return {"kind": "worker", "phases": {"kernel": 0.01}, "bytes_sent": up, "bytes_received": down,
+                "wall_s": 0.01 + wall}
+    recs = [rec(1e6, 0, 400e-6 + 1e6 / 2e9) for _ in range(3)] + [rec(1e6, 1e6, 400e-6 + 1e6 / 2e9 + 1e6 / 5e8)
+                                                                  for _ in range(3)]
+    recs += [rec(1e4, 0, 400e-6 + 1e4 / 2e9) for _ in range(3)] + [rec(2e7, 1e6, 0.1)]  # a slow first upload
+    link = hardware.loopback({"worker": {"info": {"link": {"rtt_s": 100e-6}}}, "records": recs})
+    assert link.up_bps == pytest.approx(2e9) and link.down_bps == pytest.approx(5e8)
+    assert link.per_call_s + link.rtt_s == pytest.approx(400e-6)
+
+
+def test_loopback_calls_that_cannot_tell_cost_from_rate_take_the_probes_rates_and_their_mean_cost():
+    # two sizes, the larger far slower than its bytes explain (a loaded host): a straight line
+    # through them would cost less than nothing per call
+    recs = [{"kind": "worker", "phases": {"kernel": 0.01}, "bytes_sent": 1e6, "bytes_received": d,
+             "wall_s": 0.01 + (0.001 if d == 0 else 0.02)} for d in (0, 1e6) for _ in range(4)]
+    probe = {"rtt_s": 100e-6, "up_bytes_per_s": 2e9, "down_bytes_per_s": 4e9}
+    link = hardware.loopback({"worker": {"info": {"link": probe}}, "records": recs})
+    assert (link.up_bps, link.down_bps) == (2e9, 4e9)
+    mean = (0.001 + 0.02) / 2 - 1e6 / 2e9 - 0.5 * 1e6 / 4e9
+    assert link.per_call_s + link.rtt_s == pytest.approx(mean)
+
+
+def test_the_loopback_link_tells_the_planner_what_the_recorded_probe_measured():
+    # calls that cost 20 ms each beyond their bytes (a loaded host): priced so, yet the planner is
+    # told at connect only what the run's probe measured, as the live one was
+    recs = [{"kind": "worker", "phases": {"kernel": 0.01}, "bytes_sent": b, "bytes_received": 0,
+             "wall_s": 0.01 + 0.02 + b / 1e9} for b in (1e5, 1e6, 4e6, 8e6)]
+    link = hardware.loopback({"worker": {"info": {"link": {"rtt_s": 100e-6, "up_bytes_per_s": 3e9}}},
+                              "records": recs})
+    assert link.per_call_s + link.rtt_s == pytest.approx(0.02)
+    assert link.probe() == (100e-6, 3e9, None)
+    pcie = hardware.link("pcie5", {})
+    assert pcie.probe() == (pcie.rtt_s + pcie.per_call_s, pcie.up_bps, pcie.down_bps)

@@ -201,3 +201,67 @@ def test_repeated_calls_of_a_site_take_their_median_local_time():
     steps += [simulate.Step(3 + i, "m.py:5", other.op, other, s, 0.0, [], [], 1.0) for i, s in enumerate((1e-3, 0.1))]
     assert simulate._smooth_local(steps) == 2
     assert [st.local_s for st in steps] == [2e-3, 2e-3, 2e-3, 1e-3, 0.1]  # a pair is left as recorded
+
+
+def test_a_worker_on_the_recording_hosts_cpus_is_decided_as_contended():
+    # a product the worker's (optimistic) self-benchmark makes 1.5x faster there: moved if the worker
+    # had CPUs of its own, kept here when it shares the program's (its first call's margin, D86)
+    n = 1024
+    call = Call("numpy.matmul", "products", "f8", 2.0 * n**3, 2 * n * n * 8, n * n * 8)
+    steps = [simulate.Step(i, "p.py:3", call.op, call, 0.03, 1e-4, [(1, n * n * 8), (2, n * n * 8)],
+                           [(10 + i, n * n * 8)], 1.0) for i in range(3)]
+    bench = {"points": {"products/f8": [[2.0 * n**3, 0.02]]}}
+    report = {"worker": {"info": {"bench": bench, "link": {"rtt_s": 1e-4}}}}
+    link = hardware.Link("fast", 1e-4, 1e12, 1e12, 0.0)
+    dev = hardware.device("cpu-worker", report)
+    assert dev.shares_cpus
+    assert simulate.run_auto(steps, dev, link).where[0] == "local"
+    dev.shares_cpus = False
+    assert simulate.run_auto(steps, dev, link).where[0] == "worker"
+
+
+def _rec(op, family, inputs, shapes, results, kind="worker", saved=0, t=0.0, **extra):
+    nbytes = [8 * int(np.prod(s)) for s in shapes]
+    return {"op": op, "family": family, "site": f"p.py:{len(op)}", "kind": kind, "cdtype": "f8", "flops": 1e8,
+            "bytes_in": sum(nbytes), "bytes_out": nbytes[-1], "inputs": inputs, "results": results,
+            "shapes": shapes, "dtypes": ["<f8"] * len(shapes), "start_s": t, "wall_s": 0.01,
+            "phases": {"kernel": 0.005} if kind == "worker" else {"local": 0.005}, "bytes_saved": saved,
+            "local_measured_s": 0.005, **extra}
+
+
+def test_an_input_the_recorded_worker_was_sent_again_is_uploaded_again():
+    # A @ X uploads X; norm(X) finds it held; X /= s changes it in place (same buffer, same token);
+    # A @ X then sent X again
+    a, x = [512, 512], [512, 64]
+    records = [_rec("numpy.matmul", "products", [1, 2], [a, x], [3], t=0.0),
+               _rec("numpy.linalg.norm", "linalg", [2], [x], [4], saved=8 * 512 * 64, t=0.1),
+               _rec("numpy.matmul", "products", [1, 2], [a, x], [5], saved=8 * 512 * 512, t=0.2)]
+    steps, sample = simulate.steps_of({"records": records})
+    assert sample["inputs_changed"] == 1 and sample["inputs_aliased"] == 0
+    assert steps[2].inputs[0][0] == 1 and steps[2].inputs[1][0] not in (2, 3, 4)
+    dev, link = hardware.device("h100-sxm", {}), hardware.link("pcie5", {})
+    assert simulate.run_fixed(steps, dev, link, "remote").up == 8 * (512 * 512 + 512 * 64 * 2)
+
+
+def test_a_call_auto_keeps_here_pays_the_shims_own_time_the_recorded_call_took():
+    x = [1024, 1024]  # above the floor, and 0.5 ms here: over 1 GbE it stays here
+    rec = _rec("numpy.matmul", "products", [1, 2], [x, x], [3], kind="local")
+    rec["wall_s"], rec["phases"] = 0.0035, {"local": 0.0005, "fingerprint": 0.001}
+    steps, _ = simulate.steps_of({"records": [rec]})
+    assert steps[0].decide_s == pytest.approx(0.003)
+    dev, link = hardware.device("h100-sxm", {}), hardware.link("1gbe", {})
+    out = simulate.run_auto(steps, dev, link)
+    assert out.where == ["local"] and "here" in out.reasons[0] and out.seconds == [pytest.approx(0.0035)]
+    # policy local decides nothing
+    assert simulate.run_fixed(steps, dev, link, "local").seconds == [pytest.approx(0.0005)]
+
+
+def test_a_view_the_recorded_worker_held_is_not_uploaded_again():
+    # H @ W uploads H; H.T, a view with a token of its own, was found held by the worker
+    h, w, g = [512, 128], [128, 128], [512, 64]
+    records = [_rec("numpy.matmul", "products", [1, 2], [h, w], [3], t=0.0),
+               _rec("numpy.matmul", "products", [4, 5], [h[::-1], g], [6], saved=8 * 512 * 128, t=0.1)]
+    steps, sample = simulate.steps_of({"records": records})
+    assert sample["inputs_aliased"] == 1 and steps[1].inputs[0][0] == 1
+    dev, link = hardware.device("h100-sxm", {}), hardware.link("pcie5", {})
+    assert simulate.run_fixed(steps, dev, link, "remote").up == 8 * (512 * 128 + 128 * 128 + 512 * 64)

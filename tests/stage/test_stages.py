@@ -205,5 +205,6 @@ def test_strict_mode_raises_where_a_stage_would_fall_back(plain_worker):
     from fusion_shim import FallbackError
 
     install(plain_worker[0], stages=_stages("where"), strict=True)
-    with pytest.raises(FallbackError, match="allow-code"):
+    with pytest.raises(FallbackError, match="allow-code") as raised:
         stagefns.where(os.getpid())
+    assert raised.value.kind == "refused"  # D323: the worker refuses code

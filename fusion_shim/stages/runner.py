@@ -164,8 +164,7 @@ class Runner:
             return False, None
         except transport.TransportError as exc:
             rec.kind, rec.reason = "fallback", f"{type(exc).__name__}: {exc}"[:300]
-            rec.fallback = (Why.WORKER_FAULT if isinstance(exc, remote.Failed) else Why.TIMEOUT
-                            if isinstance(exc, transport.Timeout) else Why.WORKER_LOST)  # D323
+            rec.fallback = _fault_kind(exc)
             if not isinstance(exc, remote.Failed):
                 link.fault(exc)
             return False, None
@@ -184,6 +183,19 @@ class Runner:
         if check is not None:
             value = check.finish(stage, args, kwargs, value, rec)
         return True, value
+
+
+def _fault_kind(exc: Exception) -> Why:
+    """D323: a stage's fault, as ``client.call.fault_kind`` names a call's (the worker's stage deadline: a timeout)."""
+    from . import remote  # loaded already: the fault came through it
+
+    if isinstance(exc, remote.Failed):
+        if str(exc).startswith("worker: StageTimeout"):
+            return Why.TIMEOUT
+        return {"busy": Why.BUSY, "out_of_memory": Why.OUT_OF_MEMORY}.get(getattr(exc, "kind", None), Why.WORKER_FAULT)
+    if isinstance(exc, transport.Timeout):
+        return Why.TIMEOUT
+    return Why.BAD_REPLY if isinstance(exc, transport.BadReply) else Why.WORKER_LOST
 
 
 def _raise(exc: BaseException) -> None:

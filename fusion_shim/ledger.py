@@ -22,6 +22,7 @@ PHASES = ("wait_ready", "link_probe", "fingerprint", "encode", "send", "transfer
           "abandoned", "local")
 
 
+UNCLASSIFIED = "unclassified"  # fallbacks_by_kind's key for a fallback recorded without its kind
 _LISTS, _DICTS = ("shapes", "dtypes"), ("phases",)  # fields whose default is a fresh container
 
 
@@ -30,7 +31,7 @@ class Record:
     ``__slots__`` (D36): a dataclass's generated methods cost their exec at NumPy's import. ``plan``
     (the call path's decision) is set by the call path and is not a field."""
 
-    __slots__ = ("op", "family", "site", "shapes", "dtypes", "kind", "reason", "predicted_local_s",
+    __slots__ = ("op", "family", "site", "shapes", "dtypes", "kind", "reason", "fallback", "predicted_local_s",
                  "predicted_remote_s", "phases", "bytes_sent", "bytes_received", "wall_s", "start_s", "raised",
                  "thread", "verify", "local_measured_s", "resident_hits", "bytes_saved", "resends", "evictions",
                  "shm_sent", "shm_received", "worker", "repeated", "cdtype", "flops", "bytes_in", "bytes_out",
@@ -47,7 +48,7 @@ class Record:
                  shm_received: int = 0, worker: int | None = None, repeated: bool = False,
                  cdtype: str | None = None, flops: float | None = None, bytes_in: int | None = None,
                  bytes_out: int | None = None, params: dict | None = None, inputs: list | None = None,
-                 results: list | None = None):
+                 results: list | None = None, fallback: str | None = None):
         self.op = op
         self.family = family
         self.site = site
@@ -57,6 +58,7 @@ class Record:
         # program's own error here: never a fallback)
         self.kind = kind
         self.reason = reason
+        self.fallback = fallback  # where kind is "fallback": why, an errors.FallbackKind (D323); reason: the detail
         self.predicted_local_s = predicted_local_s
         self.predicted_remote_s = predicted_remote_s
         self.phases = {} if phases is None else phases
@@ -243,6 +245,8 @@ class Ledger:
                 agg["mismatches"] += rec.verify != "ok"
             if rec.kind in ("unsupported", "fallback", "raised"):
                 agg["reasons"][f"{rec.kind}: {rec.reason}"] += 1
+                if rec.kind == "fallback":
+                    agg["fallbacks_by_kind"][rec.fallback or UNCLASSIFIED] += 1
             key = (rec.site, rec.op)
             site = self.sites.get(key)
             if site is None:
@@ -270,12 +274,13 @@ class Ledger:
     def _ops_locked(self) -> dict[str, dict[str, Any]]:
         ops = {}
         for name, agg in sorted(self.ops.items()):
-            ops[name] = {**agg, "reasons": dict(agg["reasons"]), "phases": _phase_sums(agg["phases"])}
+            ops[name] = {**agg, "reasons": dict(agg["reasons"]), "phases": _phase_sums(agg["phases"]),
+                         "fallbacks_by_kind": {str(k): n for k, n in agg["fallbacks_by_kind"].items()}}
         below = self._below_locked()
         unready = below if self.unready is None else self.unready
         for name, n in below.items():
             if n:
-                op = ops.setdefault(name, {**_new_op(), "reasons": {}, "phases": {}})
+                op = ops.setdefault(name, {**_new_op(), "reasons": {}, "phases": {}, "fallbacks_by_kind": {}})
                 op["no_worker"] = min(unready.get(name, 0), n)
                 op["below_floor"] = n - op["no_worker"]
         return ops
@@ -380,4 +385,4 @@ def _new_op() -> dict[str, Any]:
             "raised": 0, "below_floor": 0, "no_worker": 0, "verified": 0, "mismatches": 0, "repeated": 0,
             "resident_hits": 0, "bytes_saved": 0, "resends": 0, "evictions": 0, "bytes_sent": 0, "bytes_received": 0,
             "shm_sent": 0, "shm_received": 0, "wall_s": 0.0,
-            "phases": {}, "reasons": Counter()}
+            "phases": {}, "reasons": Counter(), "fallbacks_by_kind": Counter()}

@@ -22,7 +22,7 @@ import numpy as np
 from .. import plan, transport
 from ..catalog import OpSpec, Prepared, Unsupported, prepare
 from ..config import Config
-from ..errors import FallbackError
+from ..errors import FallbackError, FallbackKind as Why
 from ..ledger import Ledger, Record, call_site
 from ..protocol import wire
 from . import remote, repeat, residency
@@ -72,7 +72,8 @@ class CallPath:
         try:
             return self._run(spec, sig, args, kwargs, rec, t0)
         except KeyboardInterrupt:  # Ctrl-C while it waited: the report still shows the call
-            rec.kind, rec.reason, rec.raised = "fallback", "interrupted before it ran", "KeyboardInterrupt"
+            rec.kind, rec.fallback, rec.reason = "fallback", Why.INTERRUPTED, "interrupted before it ran"
+            rec.raised = "KeyboardInterrupt"
             rec.wall_s = time.perf_counter() - t0
             self.ledger.add(rec)
             raise
@@ -81,7 +82,7 @@ class CallPath:
              t0: float) -> Done | Record:
         here, watch = fp_state()
         if here is not None:  # D198: NumPy's error state asks for what no result shows
-            rec.kind, rec.reason = "fallback", here
+            rec.kind, rec.fallback, rec.reason = "fallback", Why.ERROR_STATE, here
             return rec
         key = repeat.layout_key(args, kwargs) if repeat.repeatable(spec) else None
         tmpl = self.templates.get((spec.name, key)) if key is not None else None
@@ -103,6 +104,8 @@ class CallPath:
         if decision.where == "local":
             # under policy remote every supported call was meant for the worker: that is a fallback
             rec.kind = "fallback" if self.config.policy == "remote" else "local"
+            if rec.kind == "fallback":  # D323: the planner's own failure says so in its reason
+                rec.fallback = Why.INTERNAL_ERROR if rec.reason.startswith("planner error") else Why.NO_WORKER_READY
             return rec
         got = self._send(spec, call, decision, prep, rec, wired, t0, tmpl, watch)
         if tmpl is not None:
@@ -154,6 +157,7 @@ class CallPath:
         pinned = self.checks.pinned_reason(rec, (spec.kernel_id, tuple(rec.dtypes)))
         if pinned is not None:
             rec.kind, rec.reason = pinned
+            rec.fallback = Why.PINNED if rec.kind == "fallback" else None
             return None
         # only a cold worker is waited for; one that faulted is probed in the background instead
         first = self.links[0] if self.links else None
@@ -305,16 +309,18 @@ class CallPath:
         except transport.TransportError as exc:
             return self._failed(exc, rec, link, call, spec, t_sent, deadline_s, predicted)
         except remote.ReportedHere as exc:  # D198: the worker is fine; NumPy reports what the result holds
-            rec.kind, rec.reason = "fallback", str(exc)
+            rec.kind, rec.fallback, rec.reason = "fallback", Why.ERROR_STATE, str(exc)
             return rec
         except wire.Unencodable as exc:  # D263: this side's request, not the worker: nothing was sent
-            rec.kind, rec.reason = "fallback", f"the request could not be encoded here: {exc}"[:300]
+            rec.kind, rec.fallback = "fallback", Why.UNENCODABLE
+            rec.reason = f"the request could not be encoded here: {exc}"[:300]
             return rec
         except Exception as exc:
             # a bug on the shim's own remote path (not NumPy's error, not the worker's: NumPy runs
             # after this, in the caller's frame) must not reach the program either
             link.fault(exc)
-            rec.kind, rec.reason = "fallback", f"internal error: {type(exc).__name__}: {exc}"[:300]
+            rec.kind, rec.fallback = "fallback", Why.INTERNAL_ERROR
+            rec.reason = f"internal error: {type(exc).__name__}: {exc}"[:300]
             return rec
         finally:
             with self._inflight_lock:
@@ -382,7 +388,8 @@ class CallPath:
             self.checks.count_crash((spec.kernel_id, tuple(rec.dtypes)), exc)
         if not isinstance(exc, remote.WorkerFault):  # an error reply is about this call, not the worker
             link.fault(exc)
-        rec.kind, rec.reason = "fallback", f"{type(exc).__name__}: {exc}{detail}"[:300]
+        rec.kind, rec.fallback = "fallback", fault_kind(exc)
+        rec.reason = f"{type(exc).__name__}: {exc}{detail}"[:300]
         return rec
 
     # -- after a local computation ------------------------------------------------------------------
@@ -395,12 +402,36 @@ class CallPath:
             # why it ran here stays said, but for a worker's refusal of the same input (its fault text misleads)
             why = f"; here: {rec.reason}" if rec.reason and "WorkerFault" not in rec.reason else ""
             rec.kind, rec.reason = "raised", f"{rec.raised}: {str(exc)[:100]}{why}"[:400]
+            rec.fallback = None  # NumPy's error, not a fallback
         planned: Planned | None = getattr(rec, "plan", None)
         if planned is not None and exc is None:
             self.planner.observed_local(planned.call, planned.decision, seconds, planned.inputs_up)
         self.ledger.add(rec)
         if self.config.strict and exc is None and rec.kind in ("unsupported", "fallback"):
-            raise FallbackError(f"{rec.op} at {rec.site} ran locally: {rec.kind}: {rec.reason}")
+            # a fallback recorded without its kind would be the shim's own slip
+            kind = Why.UNSUPPORTED if rec.kind == "unsupported" else rec.fallback or Why.INTERNAL_ERROR
+            raise FallbackError(kind, f"{rec.op} at {rec.site} ran locally ({rec.kind}): {rec.reason}")
+
+
+_REPLY_KINDS = {"busy": Why.BUSY, "refused": Why.REFUSED, "out_of_memory": Why.OUT_OF_MEMORY}
+
+
+def fault_kind(exc: Exception) -> Why:
+    """D323: the kind of a fault on the way to the worker, by its exception (an error reply: by the
+    worker's error kind, ``wire.ERROR_KINDS``)."""
+    if isinstance(exc, remote.WontFit):
+        return Why.OUT_OF_MEMORY
+    if isinstance(exc, remote.WorkerFault):
+        if exc.exc == "NotReproducible":  # the kernel's own refusal (worker/kernels): no fault of the worker
+            return Why.NOT_REPRODUCIBLE
+        return _REPLY_KINDS.get(exc.kind, Why.WORKER_FAULT)
+    if isinstance(exc, transport.Timeout):
+        return Why.TIMEOUT
+    if isinstance(exc, transport.BadReply):
+        return Why.BAD_REPLY
+    if isinstance(exc, (transport.Refused, transport.Unauthenticated)):
+        return Why.REFUSED
+    return Why.WORKER_LOST  # died, lost, never listening, a socket error: the worker is out of reach
 
 
 try:  # D200: np.seterr, np.errstate and np.seterrcall replace this object, never change it

@@ -27,7 +27,12 @@ NONFINITE_SLICE = 1 << 20  # D200: elements looked at per slice: a 1 MiB mask wh
 
 
 class WorkerFault(transport.TransportError):
-    """The worker answered with an error instead of a result."""
+    """The worker answered with an error instead of a result; ``kind``: its error kind (``wire.ERROR_KINDS``),
+    ``exc``: its exception's type name."""
+
+    def __init__(self, text: str, kind: str | None = None, exc: str | None = None):
+        super().__init__(text)
+        self.kind, self.exc = kind, exc
 
 
 class ReportedHere(Exception):
@@ -131,7 +136,8 @@ def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
     t2 = time.perf_counter()
     rec.bytes_sent, rec.bytes_received = chan.last_bytes_sent, chan.last_bytes_received
     if reply["t"] == "error":
-        raise WorkerFault(f"worker raised {reply.get('exc')} ({reply.get('kind')}): {reply.get('msg')}"[:300])
+        raise WorkerFault(f"worker raised {reply.get('exc')} ({reply.get('kind')}): {reply.get('msg')}"[:300],
+                          reply.get("kind"), reply.get("exc"))
     if reply["t"] != "result":
         raise transport.BadReply(f"a call answered with {reply['t']!r}")
     if watch and nonfinite(arrays):

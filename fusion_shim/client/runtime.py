@@ -561,9 +561,11 @@ class Runtime:
         try:
             return self.calls
         except KeyboardInterrupt:
+            from ..errors import FallbackKind  # here: the enum's making is not paid at NumPy's import
+
             self.ledger.add(Record(spec.name, spec.family, site=call_site(4), kind="fallback",
                                    reason="interrupted before it ran", raised="KeyboardInterrupt",
-                                   thread=_thread.get_ident()))
+                                   thread=_thread.get_ident(), fallback=FallbackKind.INTERRUPTED))
             raise
 
 

@@ -20,14 +20,18 @@ JSON schema ``fusion_shim.report/1`` (a map):
   ``bytes_received`` (counted at the socket, headers included), ``shm_sent`` and ``shm_received``
   (buffer bytes that went through shared memory instead), ``resident_hits``, ``bytes_saved``,
   ``resends``, ``evictions`` (residency), ``wall_s``, ``phases`` (seconds per
-  phase, see ``ledger.PHASES``; ``verify`` is the checks' own time, outside ``wall_s``), ``reasons``;
+  phase, see ``ledger.PHASES``; ``verify`` is the checks' own time, outside ``wall_s``), ``reasons``
+  (``"KIND: text"`` -> calls: each distinct reason, the details), ``fallbacks_by_kind`` (D324: its
+  ``fallback`` calls by ``errors.FallbackKind`` value, ``"unclassified"`` for one without; absent in
+  older reports);
 - ``operators``: ``intercepted`` (bool: whether ``a @ b``, ``a @= b`` and ``a.dot(b)`` on ndarrays go
   through the shim; their ops are ``numpy.ndarray.__matmul__``, ``__imatmul__``, ``dot``), ``why``
   (the reason they are not: no C extension, ``FUSION_SHIM_NATIVE=0``, policy local, or an unexpected
   NumPy), ``fast_path`` (``"C"`` or ``"wrapt"``: where the floor check of wrapped functions runs);
 - ``sites``: per call site and op (``"file:line op"``: one line may call several): ``site``, ``op``,
   ``calls``, ``wall_s``, ``worker``, ``verify_s``;
-- ``summary``: what the table shows, computed (see :func:`summarize`); its ``vs_plain`` is the
+- ``summary``: what the table shows, computed (see :func:`summarize`); ``fallbacks_by_kind`` the ops'
+  summed (D324); its ``vs_plain`` is the
   run against running plainly, every part the shim added, measured or ESTIMATED
   (:mod:`fusion_shim.report.bottom`, D120), ``bottom_line`` the same in plain words;
 - ``events``: worker lifecycle and pins, ``{"t_s", "what"}``;
@@ -48,8 +52,9 @@ JSON schema ``fusion_shim.report/1`` (a map):
   ``name``, ``node``, ``device`` (``gpu_emulated``: a GPU Ray accounts for, no CUDA device behind
   it), ``url``, ``state``, ``calls``, ``bytes_sent``, ``bytes_received``, ``resident_bytes``,
   ``restarts`` (by Ray) and ``calls_since_restart``;
-- ``records``: one map per call (``ledger.Record``): at most ``ledger.MAX_PER_SITE`` per site and
-  ``ledger.MAX_RECORDS`` in all; ``records_dropped`` counts the rest (they are in the aggregates).
+- ``records``: one map per call (``ledger.Record``; ``fallback``: a fallback's kind, D323): at most
+  ``ledger.MAX_PER_SITE`` per site and ``ledger.MAX_RECORDS`` in all; ``records_dropped`` counts the
+  rest (they are in the aggregates).
 """
 from __future__ import annotations
 
@@ -222,6 +227,7 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "calls": {k: sum(o.get(k, 0) for o in ops.values())
                   for k in ("worker", "local", "unsupported", "fallback", "raised", "below_floor", "no_worker",
                             "verified", "mismatches", "repeated")},
+        "fallbacks_by_kind": fallbacks_by_kind(ops),
         "residency": {k: sum(o.get(k, 0) for o in ops.values())
                       for k in ("resident_hits", "bytes_saved", "resends", "evictions")},
         "bytes_sent": sum(o["bytes_sent"] for o in ops.values()),
@@ -234,6 +240,15 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "top_sites": sorted(({"site": k.rpartition(" ")[0], **v} for k, v in report.get("sites", {}).items()),
                             key=lambda s: -s["wall_s"])[:8],
     }
+
+
+def fallbacks_by_kind(ops: dict[str, Any]) -> dict[str, int]:
+    """D324: the run's fallbacks by kind, the commonest first (a report older than the kinds: none)."""
+    total: dict[str, int] = {}
+    for o in ops.values():
+        for kind, count in (o.get("fallbacks_by_kind") or {}).items():
+            total[kind] = total.get(kind, 0) + count
+    return dict(sorted(total.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def prediction_error(records: list[dict]) -> dict[str, dict[str, float]]:
@@ -463,6 +478,9 @@ def _sites_and_reasons(sm: dict[str, Any], ops: dict[str, Any]) -> list[str]:
             lines.append(f"    {_ms(s['wall_s']):>9}  {s['calls']:>5} calls ({s['worker']} on the worker)  "
                          f"{s['op'].removeprefix('numpy.')}  {s['site']}")
     reasons = [(n, r, k) for n, o in ops.items() for r, k in o["reasons"].items()]
+    by_kind = fallbacks_by_kind(ops)
+    if by_kind:
+        lines.append("  fallbacks by kind: " + ", ".join(f"{kind} {count}" for kind, count in by_kind.items()))
     if reasons:
         lines.append("  ran here instead of on the worker:")
         for name, reason, count in sorted(reasons, key=lambda x: -x[2])[:12]:

@@ -288,6 +288,9 @@ def notes(report: dict[str, Any], sm: dict[str, Any]) -> list[str]:
         for s in sites[:TOP_SITES]:
             lines.append(clip(f"    {ms(s['wall_s']):>8} {n(s['calls']):>5} calls ({n(s['worker'])} on the worker) "
                               f"{s['op'].removeprefix('numpy.')} {_short_site(s['site'])}"))
+    by_kind = sm.get("fallbacks_by_kind")  # D324: absent from a report older than the kinds
+    if by_kind:
+        lines.append(listed("  fallbacks by kind: ", [f"{kind} {n(k)}" for kind, k in by_kind.items()]))
     reasons = sorted(((k, name, r) for name, o in report["ops"].items() for r, k in o["reasons"].items()),
                      key=lambda x: -x[0])
     if reasons:
@@ -383,8 +386,10 @@ Table, one row per op (each call in exactly one of the count columns; zero colum
   moved     bytes sent and received for the op, socket and shared memory
   time      the op's calls' seconds in all, on the worker path and here
 
-Notes: explorations and model resets of the planner; the costliest call sites; why calls ran here
-(the commonest reasons, by op); events (three of a kind at most, the rest counted).
+Notes: explorations and model resets of the planner; the costliest call sites; the fallbacks by
+kind (timeout, worker_lost, bad_reply, worker_fault, not_reproducible, busy, refused, out_of_memory,
+no_worker_ready, unencodable, error_state, pinned, interrupted, internal_error: docs/faults.md); why
+calls ran here (the commonest reasons, by op); events (three of a kind at most, the rest counted).
 --full adds: time per phase (wait_ready, link_probe, fingerprint, encode, send, transfer, h2d,
 kernel, d2h, decode, abandoned, local), each worker's speed against its self-benchmark, the
 prediction error per family, every event, and each op's floor.

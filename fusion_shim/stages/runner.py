@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .. import transport
-from ..errors import FallbackError
+from ..errors import FallbackError, FallbackKind as Why
 from ..ledger import Record, call_site
 from ..verify import Sampler
 from .decide import Decider, Measured, Reused, array_bytes, shape_key
@@ -71,7 +71,8 @@ class Runner:
             if self.config.strict:  # a fallback is an error in strict mode, as for calls
                 rec.wall_s = time.perf_counter() - t
                 self.rt.ledger.add(rec)
-                raise FallbackError(f"stage {stage.name} at {rec.site} would run here: {rec.reason}")
+                raise FallbackError(rec.fallback or Why.INTERNAL_ERROR,
+                                    f"stage {stage.name} at {rec.site} would run here: {rec.reason}")
         return self._local(stage, key, args, kwargs, rec, t)
 
     def _link(self) -> Any:
@@ -141,7 +142,7 @@ class Runner:
             packed = remote.pack(stage.fn, args, kwargs, ref is None, self.config.residency)
         except Exception as exc:  # an argument cloudpickle cannot carry: this stage stays here
             self.decider.pin(name, f"its arguments do not pickle ({type(exc).__name__}: {exc})"[:200])
-            rec.kind, rec.reason = "fallback", self.decider.pinned[name]
+            rec.kind, rec.fallback, rec.reason = "fallback", Why.UNENCODABLE, self.decider.pinned[name]
             return False, None
         check = Check.maybe(self, packed)
         held = self.held.setdefault(link.url, set())
@@ -158,11 +159,12 @@ class Runner:
                 out = remote.send(link, stage.fn, None, packed, held, self.config.timeout)
         except remote.Refused as exc:
             self.decider.pin(name, f"the worker refuses code: {exc}")
-            rec.kind, rec.reason = "fallback", self.decider.pinned[name]
+            rec.kind, rec.fallback, rec.reason = "fallback", Why.REFUSED, self.decider.pinned[name]
             self.rt.ledger.event(f"stage {name} runs here: {rec.reason}")
             return False, None
         except transport.TransportError as exc:
             rec.kind, rec.reason = "fallback", f"{type(exc).__name__}: {exc}"[:300]
+            rec.fallback = _fault_kind(exc)
             if not isinstance(exc, remote.Failed):
                 link.fault(exc)
             return False, None
@@ -181,6 +183,19 @@ class Runner:
         if check is not None:
             value = check.finish(stage, args, kwargs, value, rec)
         return True, value
+
+
+def _fault_kind(exc: Exception) -> Why:
+    """D323: a stage's fault, as ``client.call.fault_kind`` names a call's (the worker's stage deadline: a timeout)."""
+    from . import remote  # loaded already: the fault came through it
+
+    if isinstance(exc, remote.Failed):
+        if str(exc).startswith("worker: StageTimeout"):
+            return Why.TIMEOUT
+        return {"busy": Why.BUSY, "out_of_memory": Why.OUT_OF_MEMORY}.get(getattr(exc, "kind", None), Why.WORKER_FAULT)
+    if isinstance(exc, transport.Timeout):
+        return Why.TIMEOUT
+    return Why.BAD_REPLY if isinstance(exc, transport.BadReply) else Why.WORKER_LOST
 
 
 def _raise(exc: BaseException) -> None:

@@ -128,6 +128,8 @@ def test_an_offloaded_call_reports_floating_point_errors_as_numpy_does(shim, cap
     refused = here and "non-finite input" in rec.reason
     reported_here = mode != "ignore" and here and "np.geterr()" in rec.reason
     assert rec.kind == "worker" or refused or reported_here, (rec.kind, rec.reason)
+    # D323: a raised call is no fallback; the worker's refusal and the error state's are their own kinds
+    assert rec.fallback == (None if rec.kind != "fallback" else "not_reproducible" if refused else "error_state")
 
 
 def test_numpy_reports_something_for_cases_of_each_family(shim, capfd):
@@ -174,6 +176,7 @@ def test_underflow_reported_in_any_mode_computes_the_call_here(shim, capfd, mode
                                     under=mode)
     assert got == want
     assert rec.kind in ("fallback", "raised") and f"under={mode!r}" in rec.reason
+    assert rec.fallback == ("error_state" if rec.kind == "fallback" else None)  # D323
 
 
 def test_seterr_outside_a_context_is_honoured_too(shim):

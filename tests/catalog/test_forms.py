@@ -168,6 +168,8 @@ def test_a_request_this_side_cannot_encode_runs_here_and_is_no_worker_fault(shim
     got = np.matmul(a, b)
     rec = last_record(shim)
     assert rec.kind == "fallback" and "could not be encoded" in rec.reason, rec.reason
+    assert rec.fallback == "unencodable"  # D323
+    assert shim.ledger.snapshot_ops()["numpy.matmul"]["fallbacks_by_kind"] == {"unencodable": 1}
     np.testing.assert_array_equal(got, original(np.matmul)(a, b))
     monkeypatch.undo()
     assert shim.link.state in ("ready", "busy")

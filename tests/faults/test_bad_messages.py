@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections import Counter
 
 import msgpack
 import numpy as np
@@ -20,6 +21,7 @@ import zmq
 import fusion_shim
 from fusion_shim import transport
 from fusion_shim.protocol import messages, wire
+from fusion_shim.errors import FallbackKind
 from fusion_shim.protocol.skeleton import Skeleton
 from fusion_shim.intercept import bypassed
 
@@ -262,6 +264,8 @@ class FakeWorker:
         if mode == "out_of_memory":
             return [wire.encode({"t": "error", "id": rid, "kind": "out_of_memory", "exc": "OutOfMemoryError",
                                  "msg": "CUDA out of memory (fake)"})]
+        if mode in ("busy", "refused"):  # the worker's own error kinds for a full inbox, a refused request
+            return [wire.encode({"t": "error", "id": rid, "kind": mode, "exc": "Fake", "msg": f"fake {mode}"})]
         if mode == "decoy":  # a stray reply with an earlier id and a wrong answer, then the real one
             return [wire.encode({"t": "result", "id": rid - 1}, [right + 1.0]),
                     wire.encode({"t": "result", "id": rid}, [right])]
@@ -294,7 +298,12 @@ BAD_REPLIES = {
     "ready_to_call": "BadReply: a call answered with 'ready'",
     "error": "WorkerFault: worker raised RuntimeError (kernel_error): fake worker failed on purpose",
     "out_of_memory": "WorkerFault: worker raised OutOfMemoryError (out_of_memory)",
+    "busy": "WorkerFault: worker raised Fake (busy): fake busy",
+    "refused": "WorkerFault: worker raised Fake (refused): fake refused",
 }
+# D323: each bad reply's fallback kind, on its record and in the report's counts
+BAD_REPLY_KINDS = {**{mode: "bad_reply" for mode in BAD_REPLIES}, "error": "worker_fault",
+                   "out_of_memory": "out_of_memory", "busy": "busy", "refused": "refused"}
 
 
 def test_wrong_answers_from_a_worker_are_computed_locally(fake):
@@ -313,6 +322,7 @@ def test_wrong_answers_from_a_worker_are_computed_locally(fake):
         rec = records(rt)[-1]
         assert rec.kind == "fallback", (mode, rec)
         assert rec.reason.startswith(reason), (mode, rec.reason)
+        assert rec.fallback == BAD_REPLY_KINDS[mode], (mode, rec.fallback)
         # the link recovers: once the background probe has its answer, calls go to the worker again
         # (a call never waits for a worker that faulted, issue 8; it runs locally meanwhile)
         fake.mode = "ok"
@@ -322,6 +332,9 @@ def test_wrong_answers_from_a_worker_are_computed_locally(fake):
     rep = fusion_shim.report(format="json")
     assert rep["ops"]["numpy.matmul"]["fallback"] == len(BAD_REPLIES)
     assert len(rep["ops"]["numpy.matmul"]["reasons"]) == len(BAD_REPLIES)
+    by_kind = {"bad_reply": 8, "worker_fault": 1, "out_of_memory": 1, "busy": 1, "refused": 1}
+    assert rep["ops"]["numpy.matmul"]["fallbacks_by_kind"] == by_kind == Counter(BAD_REPLY_KINDS.values())
+    assert rep["summary"]["fallbacks_by_kind"] == by_kind
     assert events(rt).count("worker fault: BadReply") == sum(r.startswith("BadReply") for r in BAD_REPLIES.values())
 
 
@@ -411,7 +424,8 @@ def test_late_reply_does_not_answer_the_next_call(fake):
     a, b, want = operands(300, n=30, m=20)
     np.testing.assert_array_equal(np.matmul(a, b), want)
     rec = records(rt)[-1]
-    assert rec.kind == "fallback" and rec.reason.startswith("Timeout"), rec
+    assert rec.kind == "fallback" and rec.reason.startswith("Timeout") and rec.fallback == "timeout", rec
+    assert fusion_shim.report(format="json")["summary"]["fallbacks_by_kind"] == {"timeout": 1}
     # the next call, same shapes: its reply comes right after the late reply to the first call
     assert rt.link.wait_ready(READY_S), events(rt)  # after a fault calls run locally until the probe answers
     c, d, want2 = operands(301, n=30, m=20)
@@ -449,23 +463,30 @@ def test_strict_mode_turns_a_fallback_into_an_error(fake, sock_dir):
     a, b, want = operands(10, n=30, m=20)
     np.testing.assert_allclose(np.matmul(a, b), want, rtol=1e-12)  # no fallback, no error
     fake.mode = "error"
-    with pytest.raises(fusion_shim.FallbackError, match="fallback"):
+    with pytest.raises(fusion_shim.FallbackError, match="fallback") as raised:
         np.matmul(a, b)
     assert records(rt)[-1].kind == "fallback"
+    # D323: the error carries the fallback's kind and its detail, and reads as both
+    err = raised.value
+    assert isinstance(err, RuntimeError) and err.kind is FallbackKind.WORKER_FAULT, err.kind
+    assert "fake worker failed on purpose" in err.detail and "numpy.matmul at " in err.detail, err.detail
+    assert str(err) == f"worker_fault: {err.detail}"
     # NumPy's own errors stay NumPy's: strict only speaks for calls that would have succeeded
     with pytest.raises(np.linalg.LinAlgError):
         np.linalg.solve(np.zeros((3, 3)), np.ones(3))
     fusion_shim.uninstall()
 
     install(f"ipc://{sock_dir}/nobody.sock", strict=True, ready_timeout=0.5)
-    with pytest.raises(fusion_shim.FallbackError):
+    with pytest.raises(fusion_shim.FallbackError) as raised:
         np.matmul(a, b)
+    assert raised.value.kind is FallbackKind.NO_WORKER_READY, raised.value
     # an argument the worker cannot take is a fallback too, under strict
     fusion_shim.uninstall()
     rt = install(fake.url, strict=True, timeout=5.0, ready_timeout=10.0)
     assert rt.link.wait_ready(READY_S)
-    with pytest.raises(fusion_shim.FallbackError, match="unsupported"):
+    with pytest.raises(fusion_shim.FallbackError, match="unsupported") as raised:
         np.matmul(a.astype(object), b)
+    assert raised.value.kind is FallbackKind.UNSUPPORTED and "object" in raised.value.detail, raised.value
 
 
 # -- out of memory (SIMULATED: the backend raises torch's OutOfMemoryError) ------------------------------

@@ -42,10 +42,12 @@ def test_worker_never_started(sock_dir):
     recs = records(rt)
     assert [r.kind for r in recs] == ["fallback"] * 3
     assert all(r.reason.startswith("worker ") for r in recs), [r.reason for r in recs]
+    assert [r.fallback for r in recs] == ["no_worker_ready"] * 3  # D323
     assert recs[0].phases.get("wait_ready", 0) > 0.5  # the wait is its own phase
     assert "worker not ready" in events(rt)
     rep = fusion_shim.report(format="json")
     assert rep["ops"]["numpy.matmul"]["fallback"] == 3 and rep["ops"]["numpy.matmul"]["worker"] == 0
+    assert rep["summary"]["fallbacks_by_kind"] == {"no_worker_ready": 3}
     assert rep["worker"]["state"] == "down" and rep["worker"]["ready_after_s"] is None
 
 
@@ -140,6 +142,7 @@ def test_external_worker_killed_during_call(workers):
     rec = records(rt)[-1]
     # the closed connection is seen at once (issue 8), not at the 3 s deadline
     assert rec.kind == "fallback" and rec.reason.startswith("WorkerLost"), rec
+    assert rec.fallback == "worker_lost", rec.fallback  # D323
     assert 0.5 <= took < 3.0, took  # killed at 0.5 s, seen before the deadline however busy the machine
 
 
@@ -247,12 +250,16 @@ def test_op_that_kills_the_worker_three_times_runs_locally(sock_dir):
             np.testing.assert_allclose(np.linalg.inv(a), want)
             rec = last(rt, "numpy.linalg.inv")
             assert rec.kind == "fallback" and rec.reason.startswith("WorkerLost"), rec.reason
+            assert rec.fallback == "worker_lost", rec.fallback  # D323
         assert lab.crashes() == ["linalg.inv <f8"] * client_checks.CRASH_LIMIT
         assert rt.link.wait_ready(READY_S), events(rt)
         # the fourth: pinned, never sent
         np.testing.assert_allclose(np.linalg.inv(a), want)
         rec = last(rt, "numpy.linalg.inv")
         assert rec.kind == "fallback" and rec.reason.startswith("pinned local: linalg.inv(<f8)"), rec.reason
+        assert rec.fallback == "pinned", rec.fallback
+        by_kind = fusion_shim.report(format="json")["ops"]["numpy.linalg.inv"]["fallbacks_by_kind"]
+        assert by_kind == {"worker_lost": client_checks.CRASH_LIMIT, "pinned": 1}, by_kind
         assert lab.crashes() == ["linalg.inv <f8"] * client_checks.CRASH_LIMIT
         assert "runs locally for the rest of the run" in events(rt)
         assert fusion_shim.report(format="json")["ops"]["numpy.linalg.inv"]["reasons"]

@@ -317,8 +317,10 @@ def test_ctrl_c_while_the_first_call_makes_the_call_path_leaves_its_record(inpro
             np.matmul(a, a)
         (rec,) = [r for r in rt.ledger.records if r.raised == "KeyboardInterrupt"]
         assert rec.kind == "fallback" and rec.reason == "interrupted before it ran" and rec.op == "numpy.matmul"
+        assert rec.fallback == "interrupted"  # D323
         assert "test_lifecycle.py:" in rec.site  # the program's line
         assert rt.ledger.snapshot_ops()["numpy.matmul"]["fallback"] == 1  # what the report at exit counts
+        assert rt.ledger.snapshot_ops()["numpy.matmul"]["fallbacks_by_kind"] == {"interrupted": 1}
         monkeypatch.setattr(Runtime, "_parts", parts)
         np.testing.assert_array_equal(np.matmul(a, a), np.full((64, 64), 64.0))
         assert rt.ledger.records[-1].kind == "worker"

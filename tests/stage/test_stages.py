@@ -137,7 +137,7 @@ def test_a_stage_that_segfaults_on_the_worker_is_rerun_here_and_the_worker_serve
     rt = install(code_worker[0], stages=_stages("crash_elsewhere", "where"))
     assert stagefns.crash_elsewhere(os.getpid()) == "here"
     rec = _last(rt, "crash_elsewhere")
-    assert rec.kind == "fallback" and "StageCrashed" in rec.reason
+    assert rec.kind == "fallback" and "StageCrashed" in rec.reason and rec.fallback == "worker_fault"  # D323
     assert stagefns.where(os.getpid()) == "worker"  # a new stage process
     a = np.ones((300, 300))
     np.testing.assert_array_equal(a @ a, np.full((300, 300), 300.0))
@@ -148,7 +148,7 @@ def test_a_stage_that_never_returns_costs_its_deadline_and_the_worker_serves_on(
     rt = install(code_worker[0], stages=_stages("hang_elsewhere", "where"), timeout=3.0)
     assert stagefns.hang_elsewhere(os.getpid()) == "here"
     rec = _last(rt, "hang_elsewhere")
-    assert rec.kind == "fallback" and "StageTimeout" in rec.reason
+    assert rec.kind == "fallback" and "StageTimeout" in rec.reason and rec.fallback == "timeout"  # D323
     assert stagefns.where(os.getpid()) == "worker"
     a = np.ones((300, 300))
     np.testing.assert_array_equal(a @ a, np.full((300, 300), 300.0))
@@ -205,5 +205,6 @@ def test_strict_mode_raises_where_a_stage_would_fall_back(plain_worker):
     from fusion_shim import FallbackError
 
     install(plain_worker[0], stages=_stages("where"), strict=True)
-    with pytest.raises(FallbackError, match="allow-code"):
+    with pytest.raises(FallbackError, match="allow-code") as raised:
         stagefns.where(os.getpid())
+    assert raised.value.kind == "refused"  # D323: the worker refuses code

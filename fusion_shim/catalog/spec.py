@@ -14,17 +14,24 @@ class Unsupported(Exception):
     """The call cannot be offloaded faithfully; the message is the reason the ledger keeps."""
 
 
+def resolve(ref: str) -> Callable:
+    """The function a row names as ``"module.function"`` of this package, its module imported now."""
+    where, _, func = ref.rpartition(".")
+    return getattr(importlib.import_module(f"{__package__}.{where}"), func)
+
+
 class OpSpec:
     """One row (D36: plain classes with ``__slots__``; a dataclass's generated methods cost their
     exec at every import of the catalog)."""
 
     __slots__ = ("name", "module", "attr", "family", "rule_ref", "params", "kernel", "args", "trigger", "nested",
-                 "keywords", "_rule")
+                 "keywords", "repeat", "size_params", "result_size", "_rule")
 
     def __init__(self, name: str, module: str, attr: str, family: str,
                  rule: str | Callable[["OpSpec", Any], Any], params: tuple[str, ...] = (), kernel: str = "",
                  args: tuple[str, ...] = ("a", "b"), trigger: str = "numpy", nested: bool = False,
-                 keywords: tuple[str, ...] = ()):
+                 keywords: tuple[str, ...] = (), repeat: bool = False, size_params: tuple[str, ...] = (),
+                 result_size: str = ""):
         setter = object.__setattr__
         setter(self, "name", name)        # the public name, e.g. "numpy.linalg.solve"
         setter(self, "module", module)    # where the attribute is patched
@@ -39,6 +46,10 @@ class OpSpec:
         # the interceptor's byte floor must look inside it, which only its Python fast path does
         setter(self, "nested", nested)
         setter(self, "keywords", keywords)  # what the rule understands of the function's **kwargs (einsum's dtype=)
+        # D45: the rule reads only dtypes, shapes, strides and plain arguments: a call may repeat from a template
+        setter(self, "repeat", repeat)
+        setter(self, "size_params", size_params)  # D325: the kernel's params that name an output length
+        setter(self, "result_size", result_size)  # D61: "sizes.fn", a floor on its results' elements; "" bounded
         setter(self, "_rule", None if isinstance(rule, str) else rule)
 
     @property
@@ -46,8 +57,7 @@ class OpSpec:
         """The rule: a bound call to a ``Prepared`` call, or ``Unsupported`` (see :mod:`.base`)."""
         rule = self._rule
         if rule is None:
-            where, _, func = self.rule_ref.rpartition(".")
-            rule = getattr(importlib.import_module(f"{__package__}.{where}"), func)
+            rule = resolve(self.rule_ref)
             object.__setattr__(self, "_rule", rule)
         return rule
 

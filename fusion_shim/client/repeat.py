@@ -2,7 +2,7 @@
 
 A program's small remote calls mostly repeat: the same op at the same line, on arrays of the same
 dtypes, shapes and strides, with the same other arguments. For a row whose rule reads only that of
-its arguments (:data:`REPEATABLE`), such a call binds to the same :class:`Prepared` but for its
+its arguments (its row's ``repeat``), such a call binds to the same :class:`Prepared` but for its
 arrays, and encodes to the same header but for its id. A :class:`Template` keeps both from the
 first call that went to a worker by value (no out=, no finish, every input an argument as given),
 keyed by :func:`layout_key`; the next call with that key skips the binding, the rule, the planner's
@@ -27,9 +27,6 @@ from ..protocol import messages, wire
 from ..protocol.forms import RequestForm
 from ..protocol.skeleton import Skeleton
 
-# D45: the rules' module whose rules read only dtypes, shapes, strides and plain arguments (a test
-# checks each of its rows against arrays of the same layout and other values)
-REPEATABLE = "products."
 REPRICE_EVERY = 16   # D45: calls a remote-policy template's decision is reused for
 TEMPLATES_MAX = 64   # layouts remembered, the first ones kept
 NEVER = "never"      # what make returns for a layout no call of which can be sent from a template
@@ -38,8 +35,8 @@ _ndarray = np.ndarray
 
 
 def repeatable(spec: OpSpec) -> bool:
-    ref = spec.rule_ref
-    return type(ref) is str and ref.startswith(REPEATABLE)
+    """D45: the catalog's fact (a test checks each such row against arrays of the same layout and other values)."""
+    return spec.repeat
 
 
 def layout_key(args: tuple, kwargs: dict) -> tuple | None:

@@ -66,14 +66,11 @@ from .inbox import DRAIN_MIN, Inbox, principal_budget, trim_heap
 from .listen import INSECURE_WARNING, QUEUED_PER_CONNECTION, Listener  # noqa: F401  (names tests import)
 from .memory import MAX_MESSAGE_BYTES, default_max_bytes, free_memory, is_oom  # noqa: F401  (tests import)
 from .plans import Plans
-from .shapes import over_declared
+from .shapes import over_declared, size_params_over
 from .store import ResidentStore, default_budget
 
 TRIM_AFTER = 64 << 20  # D197: received since the last trim, an idle loop trims the heap
 ALIGN = 16  # bytes: inputs a CPU kernel reads in place start at a multiple of this
-# FFT sizes name an output length: each must fit the declared results (rfft gives n // 2 + 1)
-# (numba kernels: bincount's number of bins, correlate's output length)
-SIZE_PARAMS = {"fft.": ("n", "s"), "numba.bincount": ("n",), "numba.correlate": ("length",)}
 _HEALTH_A = np.array([[1.0, 2.0], [3.0, 4.0]])
 _HEALTH_B = np.array([[5.0, 6.0], [7.0, 8.0]])
 _HEALTH_AB = np.array([[19.0, 22.0], [43.0, 50.0]])  # exact in binary floating point
@@ -292,7 +289,7 @@ class Worker:
             header.get("results"), self.max_bytes - sum(a.nbytes for a in arrays if not isinstance(a, wire.Ref)))
         if len(declared) != len(layouts):
             raise _Refusal("bad_request", "WireError", f"{len(declared)} declared results, {len(layouts)} layouts")
-        too_big = _size_params_over(header["op"], params, declared) or over_declared(
+        too_big = size_params_over(header["op"], params, declared) or over_declared(
             header["op"], arrays, params, declared)  # D61: before any allocation
         if too_big:
             raise _Refusal("bad_request", "WireError", too_big)
@@ -443,21 +440,6 @@ def _aligned(a: np.ndarray) -> np.ndarray:
     out = np.empty_like(a)
     np.copyto(out, a)
     return out
-
-
-def _size_params_over(op: str, params: dict, declared: list) -> str | None:
-    """An FFT size larger than the results the call declares would allocate past the budget."""
-    names = next((n for prefix, n in SIZE_PARAMS.items() if op.startswith(prefix)), ())
-    limit = 2 * max((d for _, shape in declared for d in shape), default=0) + 2
-    for name in names:
-        value = params.get(name)
-        values = value if isinstance(value, list) else [value]
-        for v in values:
-            if v is None:
-                continue
-            if not isinstance(v, int) or isinstance(v, bool) or abs(v) > limit:
-                return f"{name}={value!r} does not fit the declared results (each size at most {limit})"
-    return None
 
 
 def _place(out: list, dests: list, slots: list, shm: ShmMapper | None) -> list:

@@ -30,11 +30,12 @@ from __future__ import annotations
 import datetime
 import os
 import stat
-from typing import Any
+from typing import Any, Callable
 
 SERVER = "server"
 ALLOWED_DIR = "authorized"
 LOCAL_CLIENT = "local"  # the same-host client in the user's own keys directory
+CONNECTION_PROPERTY = "X-Conn"  # D319: the ZAP reply's per-handshake token, on each of its connection's messages
 
 
 class KeyFileError(ValueError):
@@ -182,11 +183,10 @@ def user_curve(env: dict | None = None) -> tuple[bytes, bytes, bytes] | None:
     return (load_public(server), *load_pair(pair))
 
 
-def secure_server(ctx: Any, sock: Any, keys_dir: str) -> Any:
+def secure_server(ctx: Any, sock: Any, keys_dir: str, token: Callable[[], int] | None = None) -> Any:
     """Make ``sock`` (not yet bound) a CURVE server accepting only the allow-listed clients; returns
-    the running authenticator, to be stopped with the socket. Fails closed: no allow-list, no start."""
-    from zmq.auth.thread import ThreadAuthenticator
-
+    the running authenticator, to be stopped with the socket. Fails closed: no allow-list, no start.
+    ``token``: called for each accepted handshake, its value sent as ``CONNECTION_PROPERTY`` (D319)."""
     check_owned(keys_dir)
     public, secret = load_pair(os.path.join(keys_dir, SERVER + ".key_secret"))
     allowed = os.path.join(keys_dir, ALLOWED_DIR)
@@ -198,7 +198,7 @@ def secure_server(ctx: Any, sock: Any, keys_dir: str) -> Any:
     for name in os.listdir(allowed):
         if name.endswith(".key"):
             load_public(os.path.join(allowed, name))  # a malformed entry fails loudly, not silently
-    auth = ThreadAuthenticator(ctx)
+    auth = _authenticator(ctx, token)
     auth.start()
     auth.configure_curve(domain="*", location=allowed)
     return _curve_server(auth, sock, public, secret)
@@ -223,14 +223,32 @@ class AllowList:
         return key in self._keys
 
 
-def secure_server_with(ctx: Any, sock: Any, public: bytes, secret: bytes, allowed: AllowList) -> Any:
+def secure_server_with(ctx: Any, sock: Any, public: bytes, secret: bytes, allowed: AllowList,
+                       token: Callable[[], int] | None = None) -> Any:
     """As :func:`secure_server`, with the key pair and the allow-list held in memory."""
-    from zmq.auth.thread import ThreadAuthenticator
-
-    auth = ThreadAuthenticator(ctx)
+    auth = _authenticator(ctx, token)
     auth.start()
     auth.configure_curve_callback(domain="*", credentials_provider=allowed)
     return _curve_server(auth, sock, public, secret)
+
+
+def _authenticator(ctx: Any, token: Callable[[], int] | None) -> Any:
+    """pyzmq's ZAP handler, whose accepting replies carry ``token()`` as ZAP metadata (D319), which
+    libzmq delivers on every message of that connection."""
+    from zmq.auth.thread import ThreadAuthenticator
+
+    class Stamping(ThreadAuthenticator):
+        def _send_zap_reply(self, request_id: bytes, status_code: bytes, status_text: bytes,
+                            user_id: Any = "anonymous") -> None:
+            if status_code != b"200" or token is None:
+                return super()._send_zap_reply(request_id, status_code, status_text, user_id)
+            if isinstance(user_id, str):
+                user_id = user_id.encode(self.encoding, "replace")
+            name, value = CONNECTION_PROPERTY.encode(), str(token()).encode()
+            metadata = bytes([len(name)]) + name + len(value).to_bytes(4, "big") + value  # ZMTP property
+            self.zap_socket.send_multipart([b"1.0", request_id, status_code, status_text, user_id, metadata])
+
+    return Stamping(ctx)
 
 
 def _curve_server(auth: Any, sock: Any, public: bytes, secret: bytes) -> Any:

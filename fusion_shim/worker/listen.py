@@ -50,13 +50,14 @@ class Listener:
         # D271: no small SNDHWM (it dropped replies clients waited for): unread replies count in bytes
         # against their principal's budget instead (D270, inbox.py)
         try:
+            self.conns = conns = Connections(sock, curve=keys is not None, **(connection_limits or {}))  # D193
             if keys is not None:
                 from ..auth import secure_server, secure_server_with
                 from .isolation import protect  # D215: no stage process reads the keys
 
-                self.auth = (secure_server(self.ctx, sock, protect(keys)) if isinstance(keys, str)
-                             else secure_server_with(self.ctx, sock, *keys))
-            self.conns = Connections(sock, curve=keys is not None, **(connection_limits or {}))  # D193
+                # D319: each accepted handshake stamped with a token that tells its connection apart
+                self.auth = (secure_server(self.ctx, sock, protect(keys), conns.token) if isinstance(keys, str)
+                             else secure_server_with(self.ctx, sock, *keys, token=conns.token))
             sock.bind(url)
         except BaseException:
             self.close()

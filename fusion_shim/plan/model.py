@@ -16,6 +16,8 @@ A worker's device also has an *op curve* for each op it timed on its own (the de
 its self-benchmark): read before the family's curve, as that op's offset from it. And a *drift*:
 how far the first call of each op and size on it came out from the curve it was predicted off
 (D83), added to every prediction read off a curve; an op's own measured calls are unaffected.
+The local model's counterpart, per family and dtype: how far the first call of each op read off
+another op's curve or the prior came out from it, added to the next such readings (D331).
 
 Every prediction comes with ``sigma``, the uncertainty of its log: large for a prior, smaller for
 a calibration curve, shrinking as 1/sqrt(samples) once a bucket has measurements. The policy turns
@@ -127,7 +129,8 @@ def _interp(points: list[tuple[float, float]], x: float) -> float:
 class RateModel:
     """Compute time of one place (``local`` or a worker's device)."""
 
-    def __init__(self, name: str, prior_gflops: dict[str, float] | None = None, learn_drift: bool = False):
+    def __init__(self, name: str, prior_gflops: dict[str, float] | None = None, learn_drift: bool = False,
+                 learn_siblings: bool = False):
         self.name = name
         self.prior = dict(prior_gflops or PRIOR_GFLOPS)
         self.curves: dict[tuple[str, str], list[tuple[float, float]]] = {}  # (family, dtype) -> (log flops, log rate)
@@ -139,6 +142,10 @@ class RateModel:
         self.learn_drift = learn_drift
         self.drift = 0.0
         self.drift_n = 0
+        # D331: (family, dtype) -> [mean log ratio, ops]: how far the first call of each op read off
+        # another op's curve or the prior came out from that reading, added to the next such readings
+        self.learn_siblings = learn_siblings
+        self.siblings: dict[tuple[str, str], list[float]] = {}
 
     # -- knowledge in -------------------------------------------------------------------------------
     def set_curve(self, family: str, dtype: str, points: list[tuple[float, float]]) -> None:
@@ -146,6 +153,7 @@ class RateModel:
         pts = _log_points(points)
         if pts:
             self.curves[(family, dtype)] = pts
+            self.siblings.pop((family, dtype), None)  # learnt against the reading this curve replaces
 
     def set_op_curve(self, op: str, dtype: str, points: list[tuple[float, float]]) -> None:
         """One op's own measured (flops, seconds) pairs (a worker times each decomposition's kernel):
@@ -164,6 +172,8 @@ class RateModel:
         lf = math.log(flops)
         x = lf - math.log(seconds)
         stats = self.buckets.setdefault((op, dtype), {})
+        if self.learn_siblings and not force and not any(s.n for s in list(stats.values())):
+            self._sibling(op, family, dtype, lf, x)
         b = int(lf // BUCKET)
         st = stats.get(b)
         if st is None:
@@ -190,12 +200,28 @@ class RateModel:
         st.add(x, lf)
         return None
 
+    def _sibling(self, op: str, family: str, dtype: str, lf: float, x: float) -> None:
+        """D331: an op's first call, where it was read off another op's curve or the prior: how far
+        that reading was off, in the mean over the family's ops so far (each op once)."""
+        rate, _, measured = self._source(op, family, dtype, lf)
+        if measured:
+            return
+        acc = self.siblings.setdefault((family, dtype), [0.0, 0])
+        acc[1] += 1
+        acc[0] += (min(max(x - rate, -MAX_DRIFT), MAX_DRIFT) - acc[0]) / min(acc[1], EWMA_AFTER)
+
     # -- predictions out ----------------------------------------------------------------------------
     def _base(self, op: str, family: str, dtype: str, lf: float) -> tuple[float, float]:
         """(log rate, sigma) from the curves (corrected by the drift) or the prior, before this op's
-        own measurements."""
+        own measurements; a reading off another op's curve or the prior, by its family's siblings
+        (D331): then as certain as another op's measured curve."""
         rate, sigma, measured = self._source(op, family, dtype, lf)
-        return (rate + self.drift if measured else rate), sigma
+        if measured:
+            return rate + self.drift, sigma
+        sib = self.siblings.get((family, dtype))
+        if sib is None:
+            return rate, sigma
+        return rate + sib[0], min(sigma, SIGMA_CURVE + SIGMA_OTHER)
 
     def _source(self, op: str, family: str, dtype: str, lf: float) -> tuple[float, float, bool]:
         """(log rate, sigma, read off a measured curve of this op or of its family's representative)."""
@@ -336,7 +362,7 @@ class Profile:
 
     def __init__(self, workers: int = 1, local_prior: dict[str, float] | None = None,
                  worker_prior: dict[str, float] | None = None):
-        self.local = RateModel("local", local_prior)
+        self.local = RateModel("local", local_prior, learn_siblings=True)
         self.workers = [RemoteModel(RateModel(f"worker {i}", worker_prior, learn_drift=True)) for i in range(workers)]
 
     @classmethod

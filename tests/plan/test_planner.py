@@ -4,7 +4,7 @@ import math
 import pytest
 
 from fusion_shim.plan import NEVER, Call, Decision, Planner, Profile, WorkerState, decide, floors
-from fusion_shim.plan.model import BUCKET, LinkModel, RateModel
+from fusion_shim.plan.model import BUCKET, SIGMA_CURVE, SIGMA_OTHER, LinkModel, RateModel
 
 READY = [WorkerState("ready")]
 
@@ -309,6 +309,7 @@ def test_ops_computed_together_get_the_floors_each_gets_alone():
     p = profile(local=100, worker=300, rtt=3e-4, bw=2e9)
     p.workers[0].device.set_op_curve("numpy.linalg.svd", "f8", [(1e8, 1e-3)])  # 100 GFLOP/s there
     p.local.observe("numpy.linalg.qr", "linalg", "c16", 1e9, 1.0)                 # 1 GFLOP/s here
+    p.local.observe("numpy.einsum", "products", "f4", 1e9, 0.25)  # 50x under its reading: offsets matmul (D331)
     p.local.observe("numpy.matmul", "products", "f4", 1e9, 1e-4)                  # 10 TFLOP/s here
     ops = {s.name: s.family for s in CATALOG}
     together = floors_by_dtype(p, [0], ops=ops)
@@ -491,7 +492,8 @@ def test_an_op_without_calls_of_its_own_is_priced_off_another_name_for_the_same_
     assert d.where == "worker" and not d.explore, d.reason
     # not across dtypes, nor to an op that is another loop (tensordot reshapes and copies first)
     assert p.local.predict("numpy.dot", "products", "f8", flops)[1] >= 1.0
-    assert p.local.predict("numpy.tensordot", "products", "f4", flops)[1] >= 1.0
+    # (D331: tensordot reads the prior at the family's measured offset, as uncertain as another op's curve)
+    assert p.local.predict("numpy.tensordot", "products", "f4", flops)[1] == SIGMA_CURVE + SIGMA_OTHER
     # a bucket a few sizes away lends less certainty, as one of the op's own would
     assert p.local.predict("numpy.dot", "products", "f4", flops / 64)[1] > sigma
     # once it has calls of its own, they decide

@@ -3,7 +3,8 @@
 A link's states: ``starting`` (a cold worker: under ``remote`` the first call waits for it),
 ``ready``, ``down`` (a fault: probed again in the background, backing off, while calls run locally),
 ``deferred`` (D40: an embedded CPU worker not started yet), ``shared_cpus`` (D301: a worker on this
-host's CPUs that ``auto`` does not use), ``stopped``. Each thread and each
+host's CPUs that ``auto`` does not use), ``stopped`` (final). D329: only the link's own methods change
+its state (``_become``), and its ``ready`` Event follows it. Each thread and each
 process has its own channel: a forked child opens its own (``Channel.pid``). An embedded worker that
 died is restarted up to ``MAX_RESTARTS`` times. A pool's worker (``endpoint``, :mod:`fusion_shim.pool`)
 is restarted by Ray: after a fault its link asks ``locate`` where it is now, and a new endpoint is a
@@ -20,6 +21,7 @@ import sys
 import threading
 import time
 import weakref
+from enum import Enum
 from typing import Any
 
 from .. import plan, procinfo, transport
@@ -29,7 +31,8 @@ from ..plan import cpuwins
 from ..protocol import messages
 from ..transport import shm as shmlane
 from . import embedded, linkprobe, rundir
-from .linkkeys import _load_curve, _loopback_tcp, _unauthenticated
+from .linkkeys import (_load_curve, _loopback_tcp, _say_insecure, _say_unauthenticated, _say_unreachable,
+                       _unauthenticated)
 from .residency import Mirror
 
 MAX_RESTARTS = 2  # an embedded worker that died is restarted this many times, then the run stays local
@@ -37,6 +40,13 @@ QUIET_TRIES = 4  # D24: a probe on its own thread waits for an idle moment this 
 HANDOFF_RTT_S = 1e-3  # then runs, unless its link is this close: then the next call that wants it makes it
 REPROBE_MAX_S = 5.0  # a faulted worker is probed again after 0.1 s, doubling up to this
 NO_LISTENER_S = 1.5  # D35: an address where nothing accepts connections this long is reported down
+
+
+class LinkState(str, Enum):
+    """A link's state (the module's docstring): equal to its name as a string, and so reported."""
+    STARTING, READY, DOWN = "starting", "ready", "down"
+    DEFERRED, SHARED_CPUS, STOPPED = "deferred", "shared_cpus", "stopped"
+    __str__, __format__ = str.__str__, str.__format__  # f-strings and str() give the value too
 
 
 class WorkerLink:
@@ -60,8 +70,8 @@ class WorkerLink:
         self.proc: subprocess.Popen | None = None
         self.owner = os.getpid()
         self.tmpdir: str | None = None
-        self.state = "starting"
-        self.ready = threading.Event()
+        self._state = LinkState.STARTING
+        self.ready = threading.Event()  # set iff the state is READY (_become)
         self.info: dict[str, Any] = {}
         self._offered: tuple[Any, frozenset] = (None, frozenset())  # (info's kernel list, as a set)
         self.cpus_shared = False  # shares_cpus(), as of the last ready
@@ -79,7 +89,6 @@ class WorkerLink:
         self._probing = False
         self._probe_gen = 0
         self._failed_probes = 0  # consecutive; sets the back-off and keeps the events short
-        self.stopped = False  # after stop(): no restart, no probe (a late thread must not respawn)
         self._curve = endpoint.curve if endpoint is not None else _load_curve(config, self.url, ledger.event)
         self._own_keys = (endpoint is None and not config.server_key and not config.insecure
                           and _loopback_tcp(self.url))
@@ -91,6 +100,32 @@ class WorkerLink:
             ledger.event(f"connecting to {self.url} WITHOUT AUTHENTICATION (--insecure): the worker must run "
                          "--insecure too; anyone able to listen at that address gets every input")
             _say_insecure(self.url)
+
+    @property
+    def state(self) -> LinkState:
+        return self._state
+
+    @property
+    def stopped(self) -> bool:
+        """After stop(): no restart, no probe (a late thread must not respawn)."""
+        return self._state is LinkState.STOPPED
+
+    def _become(self, state: LinkState) -> bool:
+        """The one place the state changes; the ready Event follows it. False: stopped, it stays so."""
+        with self._lock:
+            if self._state is LinkState.STOPPED:
+                return False
+            self._state = state
+            (self.ready.set if state is LinkState.READY else self.ready.clear)()
+            return True
+
+    def defer(self, url: str | None = None, tmpdir: str | None = None) -> None:
+        """D40: an embedded worker not started yet, at the address children were told at install
+        (its first spawn binds it) in the directory this process made for it, when given."""
+        with self._lock:
+            self._become(LinkState.DEFERRED)
+            self.url = url or self.url
+            self.tmpdir = tmpdir or self.tmpdir
 
     @property
     def curve(self) -> tuple[bytes, bytes, bytes] | None:
@@ -152,7 +187,7 @@ class WorkerLink:
         self.make_tmpdir()
         self.url = f"ipc://{self.tmpdir}/worker-{self.restarts}.sock"
         self.proc = embedded.spawn(self.url, self.tmpdir, self.config.device, self.config.policy)
-        self.state = "starting"  # a cold worker: under policy remote calls wait for it, as at start
+        self._become(LinkState.STARTING)  # a cold worker: under policy remote calls wait for it, as at start
         self.ledger.event(f"embedded worker started (pid {self.proc.pid}) at {self.url}")
 
     def _probe(self) -> None:
@@ -169,7 +204,7 @@ class WorkerLink:
         ok = False
         chan = None
         try:
-            if self._locate is not None and self.state == "down":
+            if self._locate is not None and self._state is LinkState.DOWN:
                 self._relocate()
             self._await_keys()
             # its own channel, closed at the end: a probe thread must not leave a socket behind
@@ -198,7 +233,7 @@ class WorkerLink:
             aside = self.config.policy == "auto" and self.cpus_shared and (self.pool is not None or self._tcp())
             why = cpuwins.shared_worker_why() if aside else None  # D301: D40's rule, for a pool's or tcp worker
             if why is not None:
-                self.state = "stopped" if self.stopped else "shared_cpus"  # never ready: no call goes there
+                self._become(LinkState.SHARED_CPUS)  # never ready: no call goes there
                 self.ledger.event(f"worker at {self.url} ({info.get('device')}) computes on this host's CPUs: "
                                   f"under auto it gets no call: {why}")
                 ok = True
@@ -264,7 +299,7 @@ class WorkerLink:
                 _say_unauthenticated(self.url, exc)
             elif isinstance(exc, (transport.NoListener, transport.Refused)):
                 _say_unreachable(self.url, exc)
-        self.state = "down"
+        self._become(LinkState.DOWN)
         self._failed_probes += 1
         self._maybe_restart()
 
@@ -369,7 +404,7 @@ class WorkerLink:
     def plan_state(self, missing: int | None, reused: int = 0) -> plan.WorkerState:
         """What the planner sees of this worker for one call; ``missing``: the input bytes it is priced
         for (None: all of them), ``reused``: bytes among them priced over their reuse (_Wired.to_send)."""
-        state = self.state
+        state = self._state.value
         if state == "ready" and self.inflight > 0:
             state = "busy"
         return plan.WorkerState(state, self.inflight, self.backlog_s, missing, self.url or "", self.contended,
@@ -377,18 +412,16 @@ class WorkerLink:
 
     def _ready(self, text: str) -> None:
         with self._lock:
-            if self.stopped:
+            if not self._become(LinkState.READY):
                 return
             self._failed_probes = 0
-            self.state = "ready"
-            self.ready.set()
         self.ledger.event(text)
 
     def _reprobe_later(self) -> None:
         """A worker that is still there (external, or embedded and alive) is asked again, backing off;
         an embedded one that died is _maybe_restart's business."""
         with self._lock:
-            if self.stopped or self._probing or self.state == "ready":
+            if self.stopped or self._probing or self._state is LinkState.READY:
                 return
             # D182: a forked child probes a worker it did not start; one it did is its parent's business
             if self.embedded and (os.getpid() != self.owner or not self.alive()):
@@ -432,8 +465,7 @@ class WorkerLink:
 
     def fault(self, exc: Exception) -> None:
         """A call failed: stop sending until the worker proves itself again."""
-        self.ready.clear()
-        self.state = "down"
+        self._become(LinkState.DOWN)
         self.planner.worker_down(self.index)
         self.ledger.event(f"worker fault: {type(exc).__name__}: {exc}")
         self._drop_channel()  # its socket may still hold a late reply or a dead connection: start afresh
@@ -476,12 +508,12 @@ class WorkerLink:
 
     def not_ready_why(self) -> str | None:
         """Why this worker is not ready now, for the report (None: it is)."""
-        if self.state == "ready" or self.ready.is_set():
+        if self._state is LinkState.READY:
             return None
         if self.embedded and self.proc is not None and os.getpid() == self.owner:
             code = self.proc.poll()
             return embedded.boot_phase(self.proc.pid, self.url or "", code, self._exit_reason() if code else None)
-        return None if self.state != "starting" else f"no answer yet to the hello sent to {self.url}"
+        return None if self._state is not LinkState.STARTING else f"no answer yet to the hello sent to {self.url}"
 
     def wait_ready(self, timeout: float, while_starting: bool = False) -> bool:
         """Wait for readiness up to ``timeout``; False at once when there is no hope (stopped, or an
@@ -491,7 +523,7 @@ class WorkerLink:
         while not self.ready.is_set():
             if self.stopped or (self.embedded and self.restarts >= MAX_RESTARTS and not self.alive()):
                 return False
-            if while_starting and self.state != "starting":
+            if while_starting and self._state is not LinkState.STARTING:
                 return False
             if not self.ready.wait(min(0.05, max(deadline - time.monotonic(), 0))) and time.monotonic() >= deadline:
                 return False
@@ -516,10 +548,7 @@ class WorkerLink:
         return next(self._ids)
 
     def stop(self) -> None:
-        with self._lock:
-            self.stopped = True
-        self.state = "stopped"
-        self.ready.clear()
+        self._become(LinkState.STOPPED)
         self._close_shm()
         self._drop_channel()  # this thread's; other threads' channels go with their threads
         if self.proc is not None and os.getpid() == self.owner and self.proc.poll() is None:
@@ -539,6 +568,12 @@ class WorkerLink:
         if self.tmpdir and os.getpid() == self.owner:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
 
+    def _after_fork(self) -> None:
+        self._lock = threading.RLock()  # a parent thread may have held it at the fork
+        self._probing = False  # the parent's probe thread does not exist here
+        if self.url and self._state in (LinkState.STARTING, LinkState.DOWN):
+            self._probe()  # D201: the child waits for its parent's worker itself, and offloads as it does
+
     def _close_shm(self) -> None:
         """Unlink this client's segment names; a worker that outlives it is told to unmap
         them (an embedded one is about to exit; the others would only notice this process gone)."""
@@ -551,43 +586,12 @@ class WorkerLink:
                 pass  # it unmaps them when it sees this process gone
 
 
-_said: set = set()  # what was said on stderr, once each per process (an address, or a kind and address)
-
-
-def _say_unreachable(url: str | None, exc: Exception) -> None:
-    """D35: a wrong worker address is said on stderr at once (the table, if any, comes at exit)."""
-    if url in _said:
-        return
-    _said.add(url)
-    why = getattr(exc, "why", None) or str(exc)
-    sys.stderr.write(f"fusion_shim: no worker at {url} ({why}); computing here\n")
-
-
-def _say_unauthenticated(url: str | None, exc: "transport.Unauthenticated") -> None:
-    """D181: why nothing goes to a tcp worker, and the fix, in one line on stderr."""
-    if ("auth", url) in _said:
-        return
-    _said.add(("auth", url))
-    sys.stderr.write(f"fusion_shim: nothing sent to {url} ({exc.why}); computing here: {exc.fix}\n")
-
-
-def _say_insecure(url: str | None) -> None:
-    if ("insecure", url) in _said:
-        return
-    _said.add(("insecure", url))
-    sys.stderr.write(f"fusion_shim: WARNING: sending to {url} WITHOUT AUTHENTICATION (--insecure): anyone "
-                     "listening at that address gets every input and chooses every answer\n")
-
-
 _links: "weakref.WeakSet[WorkerLink]" = weakref.WeakSet()
 
 
 def _links_after_fork() -> None:
     for link in list(_links):
-        link._lock = threading.RLock()  # a parent thread may have held it at the fork
-        link._probing = False  # the parent's probe thread does not exist here
-        if link.url and not link.stopped and link.state in ("starting", "down"):
-            link._probe()  # D201: the child waits for its parent's worker itself, and offloads as it does
+        link._after_fork()
 
 
 os.register_at_fork(after_in_child=_links_after_fork)

@@ -1,6 +1,8 @@
-"""The keys a link authenticates its tcp worker with, and why it has none (D68, D181)."""
+"""The keys a link authenticates its tcp worker with, why it has none (D68, D181), and what a link says
+of its worker on stderr, once each per process."""
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from .. import transport
@@ -57,3 +59,31 @@ def _load_curve(config: Config, url: str | None, event: Any) -> tuple[bytes, byt
         event(f"no keys in {user_keys_dir()} for {url} yet: nothing is sent there until they appear (D181: a "
               "worker started on this host without --keys makes them there)")
     return curve
+
+
+_said: set = set()  # what was said on stderr, once each per process (an address, or a kind and address)
+
+
+def _say_unreachable(url: str | None, exc: Exception) -> None:
+    """D35: a wrong worker address is said on stderr at once (the table, if any, comes at exit)."""
+    if url in _said:
+        return
+    _said.add(url)
+    why = getattr(exc, "why", None) or str(exc)
+    sys.stderr.write(f"fusion_shim: no worker at {url} ({why}); computing here\n")
+
+
+def _say_unauthenticated(url: str | None, exc: "transport.Unauthenticated") -> None:
+    """D181: why nothing goes to a tcp worker, and the fix, in one line on stderr."""
+    if ("auth", url) in _said:
+        return
+    _said.add(("auth", url))
+    sys.stderr.write(f"fusion_shim: nothing sent to {url} ({exc.why}); computing here: {exc.fix}\n")
+
+
+def _say_insecure(url: str | None) -> None:
+    if ("insecure", url) in _said:
+        return
+    _said.add(("insecure", url))
+    sys.stderr.write(f"fusion_shim: WARNING: sending to {url} WITHOUT AUTHENTICATION (--insecure): anyone "
+                     "listening at that address gets every input and chooses every answer\n")

@@ -202,14 +202,14 @@ class Runtime:
                                for i, (url, endpoint) in enumerate(zip(self._urls, endpoints)))
             self._links_made = True
             if self.deferred and not self.pool_deferred:
-                first = self._links[0]
-                first.state = "deferred"
+                url = tmpdir = None
                 if self._deferred_dir is not None:
                     # the URL children were told at install, which its first spawn binds; the
                     # directory is this process's own (a forked child's link must not remove it)
-                    first.url = f"ipc://{self._deferred_dir}/worker-0.sock"
+                    url = f"ipc://{self._deferred_dir}/worker-0.sock"
                     if os.getpid() == self._pid:
-                        first.tmpdir, self._deferred_dir = self._made_deferred_dir(), None
+                        tmpdir, self._deferred_dir = self._made_deferred_dir(), None
+                self._links[0].defer(url, tmpdir)
             self.note_startup("worker links", time.perf_counter() - t)
 
     def _made_deferred_dir(self) -> str | None:

@@ -21,7 +21,7 @@ import zmq
 
 import fusion_shim
 from fusion_shim import auth, transport
-from fusion_shim.client import link as client_link
+from fusion_shim.client import linkkeys
 from fusion_shim.config import Config, ConfigError
 from fusion_shim.intercept import bypassed
 
@@ -140,7 +140,7 @@ def test_a_client_whose_keys_are_refused_sends_nothing_and_names_the_chmod(own_c
 def test_a_network_worker_without_keys_gets_no_connection(own_config, monkeypatch, capfd):
     opened = []
     monkeypatch.setattr(transport, "Channel", lambda *a, **k: opened.append(a) or pytest.fail("a channel opened"))
-    monkeypatch.setattr(client_link, "_said", set())  # said once per process: another test may have used the address
+    monkeypatch.setattr(linkkeys, "_said", set())  # said once per process: another test may have used the address
     url = "tcp://192.0.2.1:5555"  # TEST-NET-1: never reached, since nothing is opened
     rt = _run_against(url)
     assert opened == [] and rt.link.state == "down"

@@ -287,8 +287,7 @@ class CallPath:
         predicted = decision.remote_s
         deadline_s, bounded = self._deadline(link, call, decision)
         with self._inflight_lock:
-            link.inflight += 1
-            link.backlog_s += predicted or 0.0
+            link.queued(+1, predicted)
         t_sent = time.perf_counter()
         try:
             value, seconds, kernel_s = remote.send(prep, rec, link, wired, deadline_s, tmpl, watch)
@@ -324,8 +323,7 @@ class CallPath:
             return rec
         finally:
             with self._inflight_lock:
-                link.inflight -= 1
-                link.backlog_s = max(link.backlog_s - (predicted or 0.0), 0.0) if link.inflight else 0.0
+                link.queued(-1, predicted)
         rec.kind, rec.worker = "worker", link.index
         rec.wall_s = time.perf_counter() - t0
         link.answered.add((call.op, call.dtype))

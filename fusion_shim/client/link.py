@@ -4,11 +4,10 @@ A link's states: ``starting`` (a cold worker: under ``remote`` the first call wa
 ``ready``, ``down`` (a fault: probed again in the background, backing off, while calls run locally),
 ``deferred`` (D40: an embedded CPU worker not started yet), ``shared_cpus`` (D301: a worker on this
 host's CPUs that ``auto`` does not use), ``stopped`` (final). D329: only the link's own methods change
-its state (``_become``), and its ``ready`` Event follows it. Each thread and each
-process has its own channel: a forked child opens its own (``Channel.pid``). An embedded worker that
-died is restarted up to ``MAX_RESTARTS`` times. A pool's worker (``endpoint``, :mod:`fusion_shim.pool`)
-is restarted by Ray: after a fault its link asks ``locate`` where it is now, and a new endpoint is a
-cold worker (its pid differs: the mirror is cleared, inputs are sent again).
+its state (``_become``), and its ``ready`` Event follows it. Each thread and each process has its own
+channel (``Channel.pid``). An embedded worker that died is restarted up to ``MAX_RESTARTS`` times. A
+pool's worker (``endpoint``) is restarted by Ray: after a fault its link asks ``locate`` where it is
+now; a new endpoint is a cold worker (its pid differs: the mirror is cleared, inputs are sent again).
 """
 from __future__ import annotations
 
@@ -31,8 +30,7 @@ from ..plan import cpuwins
 from ..protocol import messages
 from ..transport import shm as shmlane
 from . import embedded, linkprobe, rundir
-from .linkkeys import (_load_curve, _loopback_tcp, _say_insecure, _say_unauthenticated, _say_unreachable,
-                       _unauthenticated)
+from .linkkeys import _load_curve, _loopback_tcp, _say_insecure, _say_unauthenticated, _say_unreachable, _unauthenticated
 from .residency import Mirror
 
 MAX_RESTARTS = 2  # an embedded worker that died is restarted this many times, then the run stays local
@@ -567,6 +565,11 @@ class WorkerLink:
                 remove_leftovers(self.proc.pid)
         if self.tmpdir and os.getpid() == self.owner:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def queued(self, sign: int, predicted: float | None) -> None:
+        """A call of this process sent here (+1) or answered (-1), with its predicted seconds; the caller serialises."""
+        self.inflight += sign
+        self.backlog_s = max(self.backlog_s + sign * (predicted or 0.0), 0.0) if self.inflight else 0.0
 
     def _after_fork(self) -> None:
         self._lock = threading.RLock()  # a parent thread may have held it at the fork

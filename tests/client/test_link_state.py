@@ -16,8 +16,7 @@ from fusion_shim.config import Config
 from fusion_shim.ledger import Ledger
 
 PACKAGE = pathlib.Path(fusion_shim.__file__).parent
-# the call path's per-link queue counters, written under its own lock: the one exception left
-QUEUE_COUNTERS = {("client/call.py", "inflight"), ("client/call.py", "backlog_s")}
+QUEUE_COUNTERS: set = set()  # (module, attribute) pairs allowed to write a link's attribute: none
 
 
 def _link_attributes() -> set[str]:

@@ -47,7 +47,7 @@ def report(format="text", full=False):
     if format not in ("text", "json"):
         raise ValueError(f"format must be 'text' or 'json', not {format!r}")
     from . import intercept
-    from .report import build, format_table
+    from .reporting import build, format_table
 
     rt = intercept.active()
     if rt is None:

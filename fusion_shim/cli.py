@@ -461,22 +461,22 @@ def report_main(argv: list[str]) -> int:
                         help="the wide table (every phase), every event and every op's floor")
     parser.add_argument("--explain", action="store_true", help="the table, then what each column and figure means")
     opts = parser.parse_args(argv)
-    from .report import format_table, load
+    from .reporting import format_table, load
 
     try:
         profile = None
         if opts.what_if:  # a bad profile fails before anything is printed
-            from .report.whatif import LinkProfile, format_whatif, reprice
+            from .reporting.whatif import LinkProfile, format_whatif, reprice
 
             profile = LinkProfile.parse(opts.what_if)
         report = load(opts.path)
         print(format_table(report, full=opts.full))
         if opts.explain:
-            from .report.layout import EXPLAIN
+            from .reporting.layout import EXPLAIN
 
             print("\n" + EXPLAIN, end="")
         if opts.trace:
-            from .report.trace import write_trace
+            from .reporting.trace import write_trace
 
             write_trace(report, opts.trace)
         if profile is not None:

@@ -49,7 +49,7 @@ class FusionShimMagics(Magics):
     def _run_and_report(self, cell: str) -> None:
         from .intercept import active
         from .ledger import Ledger
-        from .report import build, format_table
+        from .reporting import build, format_table
 
         import numpy  # noqa: F401  (the shim wraps NumPy when it is imported)
 

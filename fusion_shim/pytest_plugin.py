@@ -58,7 +58,7 @@ def pytest_configure(config: Any) -> None:
 def tally(ops: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Calls by where they ran, bytes moved and seconds by place, summed over ``ops`` (a ledger's
     per-op aggregates, or their difference over one test)."""
-    from .report import WORKER_PHASES
+    from .reporting import WORKER_PHASES
 
     out: dict[str, Any] = {k: sum(o.get(k, 0) for o in ops.values()) for k in ("calls", *COUNTS, *BYTES)}
     phases: dict[str, float] = {}
@@ -154,7 +154,7 @@ class ShimSession:
         self.session_report = _session_report(self.settings.policy, processes)
         path = self.config.getoption("fusion_shim_report")
         if path:
-            from .report import write_json
+            from .reporting import write_json
 
             write_json(self.session_report, path)
 

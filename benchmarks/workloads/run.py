@@ -65,7 +65,7 @@ def child(workload: str, mode: str, workers: str | None, out: str) -> None:
 
     import fusion_shim
     from fusion_shim import ledger
-    from fusion_shim.report import prediction_error
+    from fusion_shim.reporting import prediction_error
 
     ledger.MAX_RECORDS = ledger.MAX_PER_SITE = 10**9  # every call kept: the oracle needs each one
     mod = importlib.import_module(f"benchmarks.workloads.{workload}")
@@ -125,7 +125,7 @@ def _after_warmup(recs: list[dict], skip: int = 2) -> list[dict]:
 
 
 def _oracle(total: float, recs: list[dict]) -> dict:
-    from fusion_shim.report import prediction_error
+    from fusion_shim.reporting import prediction_error
 
     oracle = total
     savings = 0.0

@@ -194,7 +194,7 @@ def _report_at_exit(rt: "Runtime") -> None:
     # imported here, at exit: nothing it loads may run exec() or eval() on source text (a
     # dataclass, a namedtuple), which makes CPython forget an unhandled Ctrl-C and exit with
     # status 1 instead of by SIGINT; config and ledger, which have them, are loaded by then
-    from ..report import at_exit
+    from ..reporting import at_exit
 
     at_exit(rt)
 

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from fusion_shim.report.bottom import added_time, detail, plain_words
+from fusion_shim.reporting.bottom import added_time, detail, plain_words
 
 
 def here(pred: float, actual: float, family: str = "products") -> dict:
@@ -140,7 +140,7 @@ def test_the_time_this_run_waited_for_a_cpu_widens_the_interval_both_ways_but_no
 
 
 def test_the_report_reads_how_long_this_process_waited_for_a_cpu():
-    from fusion_shim.report.bottom import machine_wait_s
+    from fusion_shim.reporting.bottom import machine_wait_s
 
     wait = machine_wait_s()
     assert wait is None or wait >= 0.0

@@ -22,7 +22,7 @@ import fusion_shim
 from fusion_shim.catalog import BY_NAME
 from fusion_shim.plan.cells import NEVER
 from fusion_shim.plan.cpuwins import CPU_WINS, MIN_SPEEDUP, CpuEvidence, CpuWin
-from fusion_shim.report import format_table
+from fusion_shim.reporting import format_table
 from tests.helpers.shims import READY_S
 
 PY = sys.executable

@@ -16,8 +16,8 @@ import fusion_shim
 from fusion_shim import transport
 from fusion_shim.client import call as call_mod, remote
 from fusion_shim.errors import FallbackError, FallbackKind, VerificationError
-from fusion_shim.report import format_table, summarize
-from fusion_shim.report.layout import EXPLAIN
+from fusion_shim.reporting import format_table, summarize
+from fusion_shim.reporting.layout import EXPLAIN
 
 from tests.helpers.shims import installed
 

@@ -294,7 +294,7 @@ def test_policy_remote_reprices_a_template(inproc_worker):
 
 
 def test_the_report_counts_calls_sent_from_a_template(inproc_worker):
-    from fusion_shim.report import build, format_table
+    from fusion_shim.reporting import build, format_table
 
     a, b = np.ones((8, 8)), np.ones((8, 8))
     with installed(inproc_worker, residency=False, timeout=30.0) as rt:

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 import fusion_shim
-from fusion_shim.report import format_table
+from fusion_shim.reporting import format_table
 from fusion_shim import transport
 from fusion_shim.protocol import messages
-from fusion_shim.report.trace import build_trace
-from fusion_shim.report.whatif import LinkProfile, reprice
+from fusion_shim.reporting.trace import build_trace
+from fusion_shim.reporting.whatif import LinkProfile, reprice
 from fusion_shim.errors import VerificationError
 
 from tests.helpers.shims import READY_S, shim_fixture
@@ -290,7 +290,7 @@ def test_magic_in_a_real_ipython_kernel():
 
 
 def test_repeated_events_are_counted_not_listed():
-    from fusion_shim.report import EVENTS_OF_A_KIND, _event_lines
+    from fusion_shim.reporting import EVENTS_OF_A_KIND, _event_lines
 
     events = [{"t_s": float(i), "what": f"model products/worker (bucket {i}) reset: {i + 4} calls off"} for i in range(72)]
     events.insert(5, {"t_s": 4.5, "what": "worker ready at ipc:///x on cpu"})
@@ -339,7 +339,7 @@ def test_a_run_slower_than_plain_python_is_never_reported_faster(tmp_path):
 
 
 def test_the_bottom_line_labels_estimates_and_counts_the_shims_own_time():
-    from fusion_shim.report.bottom import added_time, plain_words
+    from fusion_shim.reporting.bottom import added_time, plain_words
 
     worker = {"kind": "worker", "wall_s": 0.5, "phases": {"wait_ready": 0.2}, "predicted_local_s": 2.3}
     here = {"kind": "fallback", "wall_s": 0.4, "phases": {"local": 0.1, "wait_ready": 0.1}}
@@ -408,9 +408,9 @@ def test_the_report_loads_its_pool_and_stages_parts_only_for_a_run_that_has_them
         import fusion_shim
         np.matmul(np.ones((4, 4)), np.ones((4, 4)))
         rep = fusion_shim.report(format="json")
-        report = sys.modules["fusion_shim.report"]
+        report = sys.modules["fusion_shim.reporting"]
         text = report.format_table(rep)
-        print(sorted(m for m in ("fusion_shim.report.pool", "fusion_shim.report.stages") if m in sys.modules))
+        print(sorted(m for m in ("fusion_shim.reporting.pool", "fusion_shim.reporting.stages") if m in sys.modules))
         rep["pool"] = {"url": "ray://nowhere", "workers": []}
         rep["stages"] = {"__main__:f": {"calls": 1, "worker": 0, "local": 1, "fallback": 0, "bytes_sent": 0,
                                         "bytes_received": 0, "here_s": 0.5, "there_s": 0.0, "predicted_there_s": 0.0,

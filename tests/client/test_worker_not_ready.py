@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from fusion_shim.client.embedded import boot_phase, lower_priority
-from fusion_shim.report import _title
+from fusion_shim.reporting import _title
 
 
 @pytest.fixture

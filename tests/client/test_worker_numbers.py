@@ -11,7 +11,7 @@ import pytest
 import fusion_shim
 from fusion_shim.plan.model import RateModel
 from fusion_shim.protocol import messages
-from fusion_shim.report import format_table
+from fusion_shim.reporting import format_table
 from tests.helpers.shims import READY_S
 
 pytest.importorskip("torch")

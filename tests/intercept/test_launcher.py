@@ -522,11 +522,11 @@ def test_a_kept_wrapper_passes_through_after_uninstall(no_shim_after):
 
 
 def test_report_callable_repeatedly(no_shim_after):
-    """``fusion_shim.report`` stays the function after the report module has been imported."""
+    """``fusion_shim.report`` stays the function after the report's modules (``fusion_shim.reporting``) load."""
     fusion_shim.install(policy="local", quiet=True)
     first, second = fusion_shim.report(format="json"), fusion_shim.report(format="json")
     assert first["schema"] == second["schema"] == "fusion_shim.report/1"
-    from fusion_shim.report import render  # noqa: F401  (importing the submodule must not shadow it)
+    from fusion_shim.reporting import render  # noqa: F401  (importing the subpackage must not shadow it)
 
     assert callable(fusion_shim.report) and fusion_shim.report(format="json")["policy"] == "local"
 

@@ -27,7 +27,7 @@ TIMEOUT = 300
 # what a process that imports NumPy under the shim loads only on first need, or never
 LATER = ("zmq", "msgpack", "xxhash", "asyncio", "importlib.metadata", "threading", "dataclasses",
          "fusion_shim.plan.planner",
-         "fusion_shim.plan.calibrate", "fusion_shim.report", "fusion_shim.client.link", "fusion_shim.client.call",
+         "fusion_shim.plan.calibrate", "fusion_shim.reporting", "fusion_shim.client.link", "fusion_shim.client.call",
          "fusion_shim.transport", "fusion_shim.protocol", "fusion_shim.catalog.base", "fusion_shim.catalog.linalg")
 # ... and what one that never imports NumPy must not load either
 NEVER_WITHOUT_NUMPY = ("numpy", "wrapt", "fusion_shim._hooks", "fusion_shim.config", "fusion_shim.intercept",
@@ -150,9 +150,9 @@ def test_importing_numpy_loads_these_modules_beyond_plain_numpy_and_no_others(tm
 
 def test_a_program_that_counts_no_call_exits_without_loading_the_report_and_one_that_does_prints_it(tmp_path):
     quiet_run = run(tmp_path, MODULES_AT_EXIT + "    import numpy\n")
-    assert "fusion_shim.report" not in modules_printed(quiet_run) and quiet_run.stderr == ""
+    assert "fusion_shim.reporting" not in modules_printed(quiet_run) and quiet_run.stderr == ""
     busy = run(tmp_path, MODULES_AT_EXIT + "    import numpy as np\n    np.linalg.inv(np.eye(3))\n")
-    assert "fusion_shim.report" in modules_printed(busy)
+    assert "fusion_shim.reporting" in modules_printed(busy)
     assert "fusion_shim report" in busy.stderr and "linalg.inv" in busy.stderr
 
 

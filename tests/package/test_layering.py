@@ -15,7 +15,7 @@ from tests.helpers.environment import ROOT
 PKG = ROOT / "fusion_shim"
 # the client side: what a worker must never need
 CLIENT = ("fusion_shim.intercept", "fusion_shim.plan", "fusion_shim.runtime", "fusion_shim.client",
-          "fusion_shim.report", "fusion_shim.ledger", "fusion_shim.residency", "fusion_shim.linkprobe",
+          "fusion_shim.reporting", "fusion_shim.ledger", "fusion_shim.residency", "fusion_shim.linkprobe",
           "fusion_shim.ipython", "fusion_shim.verify", "wrapt")
 WORKER_SIDE = ["worker", "transport", "protocol", "auth.py", "pool/actor.py"]
 WORKER_MODULES = ["fusion_shim.worker.server", "fusion_shim.worker.command", "fusion_shim.worker.backend",

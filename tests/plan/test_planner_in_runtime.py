@@ -832,7 +832,7 @@ def test_an_exploration_that_runs_out_of_its_deadline_is_computed_here_and_is_no
         assert rep["planner"]["explorations_abandoned"] == 1
         w = rep["planner"]["workers"][0]
         assert w["speed_vs_benchmark"] > 0 and w["speed_vs_benchmark_calls"] >= 1  # the waited-for call's
-        from fusion_shim.report import format_table
+        from fusion_shim.reporting import format_table
         assert "1 abandoned at their deadline and computed here" in format_table(rep, full=True)
         assert "1 abandoned" in format_table(rep)
         assert any("exploration of numpy.matmul" in e["what"] for e in rep["events"])

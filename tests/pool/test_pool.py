@@ -20,7 +20,7 @@ from tests.pool.clusters import token_env, wait_for
 
 ray = pytest.importorskip("ray")
 from fusion_shim.pool import NAMESPACE, manage  # noqa: E402
-from fusion_shim.report.trace import build_trace  # noqa: E402
+from fusion_shim.reporting.trace import build_trace  # noqa: E402
 
 PROGRAM = str(ROOT / "tests" / "pool" / "programs.py")
 POOL = "t"

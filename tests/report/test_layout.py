@@ -11,8 +11,8 @@ import pytest
 import fusion_shim
 from fusion_shim import cli
 from fusion_shim.ledger import Ledger, Record
-from fusion_shim.report import SCHEMA, format_table, summarize, write_json
-from fusion_shim.report.layout import EXPLAIN, SUMMARY_LINES, WIDTH, bottom_words
+from fusion_shim.reporting import SCHEMA, format_table, summarize, write_json
+from fusion_shim.reporting.layout import EXPLAIN, SUMMARY_LINES, WIDTH, bottom_words
 
 MORE = re.compile(r"\((\d+) more: fusion-shim report --full\)")
 OPS = [f"numpy.linalg.a_rather_long_operation_name_{i:02d}" for i in range(30)]

@@ -7,8 +7,8 @@ import traceback
 import numpy as np
 import pytest
 
-from fusion_shim.report import build
-from fusion_shim.report.stages import stage_lines
+from fusion_shim.reporting import build
+from fusion_shim.reporting.stages import stage_lines
 from tests.helpers.shims import install
 from tests.stage import stagefns
 

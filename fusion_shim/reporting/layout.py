@@ -1,7 +1,7 @@
 """The report's default layout: a title, a summary of at most SUMMARY_LINES lines, a table of
 TABLE_COLUMNS columns, then notes and events, every line at most WIDTH characters (D280). What does
 not fit is counted, never dropped unsaid: "(N more: fusion-shim report --full)". ``--full`` is
-:func:`fusion_shim.report.format_table` with ``full=True`` (the wide table, every event, the
+:func:`fusion_shim.reporting.format_table` with ``full=True`` (the wide table, every event, the
 floors); ``--explain`` is :data:`EXPLAIN`.
 Imported at exit: nothing here may exec() source text (see ``report/__init__``).
 """

@@ -1,6 +1,6 @@
 """The end-of-run report: a summary on stderr, JSON with ``--report PATH``, a Chrome-trace timeline
-with ``--trace PATH`` (:mod:`fusion_shim.report.trace`), and re-pricing of a saved run under another
-link or device (:mod:`fusion_shim.report.whatif`).
+with ``--trace PATH`` (:mod:`fusion_shim.reporting.trace`), and re-pricing of a saved run under another
+link or device (:mod:`fusion_shim.reporting.whatif`).
 
 JSON schema ``fusion_shim.report/1`` (a map):
 
@@ -33,7 +33,7 @@ JSON schema ``fusion_shim.report/1`` (a map):
 - ``summary``: what the table shows, computed (see :func:`summarize`); ``fallbacks_by_kind`` the ops'
   summed (D324); its ``vs_plain`` is the
   run against running plainly, every part the shim added, measured or ESTIMATED
-  (:mod:`fusion_shim.report.bottom`, D120), ``bottom_line`` the same in plain words;
+  (:mod:`fusion_shim.reporting.bottom`, D120), ``bottom_line`` the same in plain words;
 - ``events``: worker lifecycle and pins, ``{"t_s", "what"}``;
 - ``startup``: seconds the shim spent starting, per phase: ``bootstrap`` (the ``.pth`` hook),
   ``launcher`` (``python -m fusion_shim`` up to the program), ``interception`` (at NumPy's import:
@@ -70,24 +70,6 @@ from ..config import Config
 from ..ledger import PHASES, Ledger
 from .bottom import added_time, detail, machine_wait_s, plain_words, worker_cpu_s
 from .layout import bottom_words
-
-
-def _keep_package_function() -> None:
-    """The import system binds this subpackage on its package as ``report``, where the package's
-    ``report()`` function must stay: the package's module class ignores that one binding. Made
-    here, not by the package, which loads at every interpreter start under the shim (D111)."""
-    module_type = type(sys)
-    package = sys.modules[__name__.rpartition(".")[0]]
-    if type(package) is module_type:
-        class _Package(module_type):
-            def __setattr__(self, name: str, value: Any) -> None:
-                if not (name == "report" and isinstance(value, module_type)):
-                    super().__setattr__(name, value)
-
-        package.__class__ = _Package
-
-
-_keep_package_function()
 
 if TYPE_CHECKING:  # D123: the views are for the checker; a Protocol class costs its making at exit
     from typing import Protocol

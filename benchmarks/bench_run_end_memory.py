@@ -13,6 +13,7 @@ ends, and after the grace (``GRACE_S`` and a margin) that follows the last.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,6 +85,7 @@ def _runs() -> dict:
     finally:
         worker.terminate()
         worker.wait(30)
+        shutil.rmtree(d, ignore_errors=True)
     return out
 
 

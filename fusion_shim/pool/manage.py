@@ -135,12 +135,18 @@ def up(address: str, workers: int, device: str = "auto", memory_budget: int | No
         _wait_for_room(ray, pg, workers, bundle, wait, say or _stderr)
         shared = sharing(hosts(ray, pg, workers))
         cls = ray.remote(PoolWorker)
-        for i in range(workers):
-            handles.append(cls.options(
-                name=actor_name(name, i), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-                max_restarts=MAX_RESTARTS, max_task_retries=MAX_TASK_RETRIES, num_cpus=1, num_gpus=1 if gpu else 0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-            ).remote(actor_name(name, i), device, memory_budget, allow_code, name, shared[i]))
+        actor_log = logging.getLogger("ray.actor")
+        actor_log.addFilter(_not_restarted_warning)
+        try:
+            for i in range(workers):
+                handles.append(cls.options(
+                    name=actor_name(name, i), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
+                    max_restarts=MAX_RESTARTS, max_task_retries=MAX_TASK_RETRIES, num_cpus=1,
+                    num_gpus=1 if gpu else 0,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+                ).remote(actor_name(name, i), device, memory_budget, allow_code, name, shared[i]))
+        finally:
+            actor_log.removeFilter(_not_restarted_warning)
         return [ray.get(h.describe.remote(), timeout=timeout) for h in handles], True
     except BaseException:
         for h in handles:  # detached: nothing else would ever end them
@@ -150,6 +156,12 @@ def up(address: str, workers: int, device: str = "auto", memory_budget: int | No
                 pass
         remove_placement_group(pg)
         raise
+
+
+def _not_restarted_warning(record: logging.LogRecord) -> bool:
+    """D327: Ray's warning, once a worker, that removing the placement group ends it for good: only
+    `pool down` removes it, to that end; a worker that dies is restarted (MAX_RESTARTS)."""
+    return "restartable detached actor with a placement group" not in record.getMessage()
 
 
 def hosts(ray: Any, pg: Any, workers: int) -> list[str]:

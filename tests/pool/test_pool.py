@@ -209,6 +209,18 @@ def test_pool_down_leaves_no_actor_process_or_socket(cluster):
         socket.create_connection((host, int(port)), timeout=5).close()
 
 
+def test_pool_up_prints_no_warning_that_its_workers_cannot_be_restarted(cluster):
+    """Ray warns, once a worker, that a restartable detached actor in a placement group is not restarted
+    once the group is removed: only `pool down` removes it, to end them; a worker that dies is restarted."""
+    out = subprocess.run([sys.executable, "-m", "fusion_shim", "pool", "up", "--workers", "1", "--device", "cpu",
+                          "--ray", cluster, "--name", "quiet"], capture_output=True, text=True, timeout=DEADLINE_S)
+    try:
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "restarted" not in out.stdout + out.stderr and out.stderr == "", out.stderr
+    finally:
+        manage.down(cluster, "quiet")
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -28,6 +28,7 @@ pytest.importorskip("ray")
 
 DEADLINE_S = 300.0  # generous: the machine is shared; a worker imports torch as it starts
 STAGE_PROBE = str(ROOT / "tests" / "pool" / "stage_probe.py")
+PROGRAM = str(ROOT / "tests" / "pool" / "programs.py")
 
 
 @pytest.fixture(scope="module")
@@ -192,6 +193,58 @@ def test_a_worker_whose_raylet_dies_exits_and_pool_down_leaves_no_process(cluste
     every = [*recorded.values(), *_records(cluster, "o")]  # a copy Ray started meanwhile, too
     assert [e["name"] for e in every if _alive(e)] == [], down.stdout
     assert _records(cluster, "o") == []
+
+
+def _node_of(cluster, pid: int) -> subprocess.Popen | None:
+    """The node (its `ray start` process) whose raylet started ``pid``; None if no live node did."""
+    for node in cluster[2]:
+        for raylet in (p for p in children(node.pid) if "raylet" in command_line(p).split(" ")[0]):
+            if pid in children(raylet):
+                return node
+    return None
+
+
+def test_a_node_lost_mid_run_leaves_the_output_plain_pythons_and_no_process(cluster, tmp_path):
+    """Run after the raylet's death: it kills a whole node (every process of it, as a machine lost)
+    while a program computes on the node's worker."""
+    address, env, _ = cluster
+    up = _pool(cluster, "up", "--workers", "1", "--name", "n")  # a GPU each: on a node, not the head
+    assert up.returncode == 0, up.stderr[-2000:]
+    (victim,) = _records(cluster, "n")
+    node = _node_of(cluster, victim["pid"])
+    assert node is not None, (victim, up.stdout)
+    progress = tmp_path / "progress"
+    report = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "fusion_shim", "--policy", "remote", "--pool", f"ray://{address}/n", "--quiet",
+           "--report", str(report), PROGRAM, "until_stopped", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **env})
+    try:
+        wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 2, "the first rounds")
+        os.killpg(node.pid, signal.SIGKILL)
+        done = int(progress.read_text() or 0)
+        wait_for(lambda: int(progress.read_text() or 0) >= done + 3, "rounds after the node's loss")
+        (tmp_path / "stop").write_text("")
+        out, err = proc.communicate(timeout=DEADLINE_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+    assert proc.returncode == 0, err[-3000:]
+    assert "raylet" not in out + err and "state-dump" not in out + err, err[-3000:]
+    (tmp_path / "plain").mkdir()
+    plain = subprocess.run([sys.executable, PROGRAM, "until_stopped", str(tmp_path / "plain"), "--rounds",
+                            str(len(out.splitlines()))], capture_output=True, text=True, timeout=DEADLINE_S)
+    assert out == plain.stdout
+    rep = json.loads(report.read_text())
+    calls = rep["summary"]["calls"]
+    assert rep["pool"]["workers"][0]["calls"] > 0, rep["pool"]  # the node's worker served before its loss
+    assert sum(n for kind, n in calls.items() if kind != "worker") > 0, calls  # and the rest ran here
+    wait_for(lambda: not _alive(victim), f"the lost node's worker (pid {victim['pid']}) to end")
+    down = _pool(cluster, "down", "--name", "n")
+    assert down.returncode == 0, down.stderr[-2000:]
+    assert [e["name"] for e in [victim, *_records(cluster, "n")] if _alive(e)] == [], down.stdout
+    assert _records(cluster, "n") == []
 
 
 GRANDCHILD = """

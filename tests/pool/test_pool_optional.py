@@ -6,6 +6,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -169,3 +170,51 @@ def test_a_pool_command_without_ray_installed_names_the_extra_in_one_line(monkey
     assert command.main(["status"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "pip install 'fusion-shim[ray]'" in err[0], err
+
+
+@pytest.mark.parametrize("action", [["status"], ["up", "--workers", "1"]])
+def test_a_pool_command_without_a_cluster_answers_within_10_s(action, capsys):
+    """Nothing accepts a connection at the address: one refused TCP connect, no retry, Ray never joined."""
+    pytest.importorskip("ray")
+    from fusion_shim.pool import command
+
+    t = time.monotonic()
+    assert command.main([*action, "--ray", f"127.0.0.1:{_free_port()}"]) == 2
+    elapsed = time.monotonic() - t
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "cannot be reached" in lines[0], lines
+    assert elapsed < 10.0, elapsed
+
+
+@pytest.mark.parametrize("action", [["status"], ["up", "--workers", "1"]])
+def test_a_pool_command_bounds_the_clusters_answer_as_ray_dials_it_within_10_s(action, monkeypatch, capsys):
+    """Where something answers, Ray's own client may retry for a minute: the probe that asks it as Ray
+    would is given the bound, and the whole check stays within 10 s."""
+    pytest.importorskip("ray")
+    from fusion_shim.pool import cluster, command
+
+    given = []
+
+    def probe(address, env, on_spawn=None, timeout=None):
+        given.append(timeout)
+        return {"address": address, "state": "unreachable", "why": "nothing accepts a connection there"}
+
+    monkeypatch.setattr(cluster, "probe", probe)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        assert command.main([*action, "--ray", f"127.0.0.1:{listener.getsockname()[1]}"]) == 2
+    assert given == [cluster.PROBE_TIMEOUT_S] and cluster.PROBE_TIMEOUT_S < 10.0
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_a_probe_that_never_answers_is_ended_at_its_bound(tmp_path, monkeypatch):
+    from fusion_shim.pool import cluster
+
+    hang = tmp_path / "hang.py"
+    hang.write_text("import time\ntime.sleep(600)\n")
+    monkeypatch.setattr(cluster, "PROBE", str(hang))
+    spawned = []
+    found = cluster.probe("127.0.0.1:1", {}, on_spawn=spawned.append, timeout=1.0)
+    assert found["state"] == "unreachable" and "no answer as a Ray cluster within 1 s" in found["why"], found
+    assert spawned[0].returncode is not None  # killed and reaped, not left running

@@ -110,6 +110,22 @@ class _Buffers:
                 return mm
         return None
 
+    def release(self) -> int:
+        """Unmap every buffer no array uses (D195: a run ended); returns the bytes given back."""
+        while self._returned:
+            self._free.append(self._returned.popleft())
+        freed = 0
+        for mm in self._free:
+            size = len(mm)
+            try:
+                mm.close()
+                freed += size
+            except BufferError:  # an array still on it after all: its last reference unmaps it
+                pass
+        self._free.clear()
+        self._idle = 0
+        return freed
+
     def _put_back(self, mm: mmap.mmap) -> None:
         if self._idle + len(mm) > IDLE_BYTES:
             return  # unmapped when its last reference goes
@@ -298,6 +314,10 @@ class ShmMapper:
             return {"ok": False, "why": "probe segment holds another token"}
         self.clients.setdefault(f"{parsed[0]}-{parsed[1]}-{parsed[2]}", parsed[1])
         return {"ok": True}
+
+    def release(self) -> int:
+        """Unmap the idle input buffers (a principal's run ended, D195); the bytes given back."""
+        return self._buffers.release()
 
     def sweep(self, force: bool = False) -> list[str]:
         """Forget the segments of clients that are gone and unlink the names they left behind.

@@ -185,6 +185,9 @@ class Worker:
         self.fingerprint_mismatches.pop(name, None)
         if freed:
             free_memory(self.backend)
+        if self.shm is not None:
+            freed += self.shm.release()  # the input buffers its entries held stay mapped for reuse otherwise
+        if freed:
             trim_heap()
         return freed
 

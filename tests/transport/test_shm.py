@@ -349,3 +349,23 @@ def test_a_forked_child_does_not_write_into_the_parents_result(inproc_worker, mo
         assert c.max() == 999.0  # ... the write would be shared: the test has teeth
     finally:
         fusion_shim.uninstall()
+
+
+def test_the_workers_idle_input_buffers_are_unmapped_when_a_run_ends():
+    """D195: buffers kept for reuse are given back once a principal's run ended; one still under an
+    array stays mapped until that array goes."""
+    import gc
+
+    from fusion_shim.transport.shm_worker import ShmMapper
+
+    mapper = ShmMapper()
+    kept, dropped = mapper._buffers.take(1 << 20), mapper._buffers.take(3 << 20)
+    dropped_size = dropped.nbytes
+    del dropped
+    gc.collect()  # the finalizer hands the buffer back
+    assert mapper.release() == dropped_size
+    assert mapper._buffers._idle == 0 and not mapper._buffers._free
+    kept[:] = 7  # still mapped and writable
+    del kept
+    gc.collect()
+    assert mapper.release() >= 1 << 20 and mapper.release() == 0

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from .. import transport
-from ..errors import FallbackError, FallbackKind as Why
+from ..client.call import fell_back, strict_error
+from ..errors import FallbackKind as Why
 from ..ledger import Record, call_site
 from ..verify import Sampler
 from .decide import Decider, Measured, Reused, array_bytes, shape_key
@@ -68,11 +69,10 @@ class Runner:
                 if isinstance(value, Raised):
                     _raise(value.exc)
                 return value
-            if self.config.strict:  # a fallback is an error in strict mode, as for calls
+            if self.config.strict:  # a fallback is an error in strict mode, as for calls; the stage is not run
                 rec.wall_s = time.perf_counter() - t
                 self.rt.ledger.add(rec)
-                raise FallbackError(rec.fallback or Why.INTERNAL_ERROR,
-                                    f"stage {stage.name} at {rec.site} would run here: {rec.reason}")
+                raise strict_error(rec, "would run here")
         return self._local(stage, key, args, kwargs, rec, t)
 
     def _link(self) -> Any:
@@ -163,9 +163,8 @@ class Runner:
             self.rt.ledger.event(f"stage {name} runs here: {rec.reason}")
             return False, None
         except transport.TransportError as exc:
-            rec.kind, rec.reason = "fallback", f"{type(exc).__name__}: {exc}"[:300]
-            rec.fallback = _fault_kind(exc)
-            if not isinstance(exc, remote.Failed):
+            fell_back(rec, exc)
+            if not isinstance(exc, remote.Failed):  # an error reply is about this stage, not the worker
                 link.fault(exc)
             return False, None
         wall = time.perf_counter() - t
@@ -183,19 +182,6 @@ class Runner:
         if check is not None:
             value = check.finish(stage, args, kwargs, value, rec)
         return True, value
-
-
-def _fault_kind(exc: Exception) -> Why:
-    """D323: a stage's fault, as ``client.call.fault_kind`` names a call's (the worker's stage deadline: a timeout)."""
-    from . import remote  # loaded already: the fault came through it
-
-    if isinstance(exc, remote.Failed):
-        if str(exc).startswith("worker: StageTimeout"):
-            return Why.TIMEOUT
-        return {"busy": Why.BUSY, "out_of_memory": Why.OUT_OF_MEMORY}.get(getattr(exc, "kind", None), Why.WORKER_FAULT)
-    if isinstance(exc, transport.Timeout):
-        return Why.TIMEOUT
-    return Why.BAD_REPLY if isinstance(exc, transport.BadReply) else Why.WORKER_LOST
 
 
 def _raise(exc: BaseException) -> None:

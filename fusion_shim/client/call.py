@@ -159,15 +159,7 @@ class CallPath:
             rec.kind, rec.reason = pinned
             rec.fallback = Why.PINNED if rec.kind == "fallback" else None
             return None
-        # only a cold worker is waited for; one that faulted is probed in the background instead
-        first = self.links[0] if self.links else None
-        if (self.config.policy == "remote" and first is not None and first.state == "starting"
-                and not any(link.ready.is_set() for link in self.links)):
-            waited = time.perf_counter()
-            try:
-                first.wait_ready(self.config.ready_timeout, while_starting=True)
-            finally:
-                rec.phases["wait_ready"] = time.perf_counter() - waited
+        wait_cold(self.config, self.links, rec.phases)
         unoffered = self._unoffered(spec)
         if unoffered is not None:
             rec.kind, rec.reason = "unsupported", unoffered
@@ -407,6 +399,20 @@ class CallPath:
         self.ledger.add(rec)
         if self.config.strict and exc is None and rec.kind in ("unsupported", "fallback"):
             raise strict_error(rec, f"ran locally ({rec.kind})")
+
+
+def wait_cold(config: Config, links: list[WorkerLink], phases: dict) -> None:
+    """Under policy remote, the first of ``links`` waited for while it is cold and none is ready (up
+    to ``ready_timeout``), the wait kept as ``phases["wait_ready"]``: a call's and a stage's (D336)."""
+    # only a cold worker is waited for; one that faulted is probed in the background instead
+    first = links[0] if links else None
+    if (config.policy == "remote" and first is not None and first.state == "starting"
+            and not any(link.ready.is_set() for link in links)):
+        waited = time.perf_counter()
+        try:
+            first.wait_ready(config.ready_timeout, while_starting=True)
+        finally:
+            phases["wait_ready"] = time.perf_counter() - waited
 
 
 def fell_back(rec: Record, exc: Exception, detail: str = "") -> Record:

@@ -159,15 +159,7 @@ class CallPath:
             rec.kind, rec.reason = pinned
             rec.fallback = Why.PINNED if rec.kind == "fallback" else None
             return None
-        # only a cold worker is waited for; one that faulted is probed in the background instead
-        first = self.links[0] if self.links else None
-        if (self.config.policy == "remote" and first is not None and first.state == "starting"
-                and not any(link.ready.is_set() for link in self.links)):
-            waited = time.perf_counter()
-            try:
-                first.wait_ready(self.config.ready_timeout, while_starting=True)
-            finally:
-                rec.phases["wait_ready"] = time.perf_counter() - waited
+        wait_cold(self.config, self.links, rec.phases)
         unoffered = self._unoffered(spec)
         if unoffered is not None:
             rec.kind, rec.reason = "unsupported", unoffered
@@ -386,9 +378,7 @@ class CallPath:
             self.checks.count_crash((spec.kernel_id, tuple(rec.dtypes)), exc)
         if not isinstance(exc, remote.WorkerFault):  # an error reply is about this call, not the worker
             link.fault(exc)
-        rec.kind, rec.fallback = "fallback", fault_kind(exc)
-        rec.reason = f"{type(exc).__name__}: {exc}{detail}"[:300]
-        return rec
+        return fell_back(rec, exc, detail)
 
     # -- after a local computation ------------------------------------------------------------------
     def local_done(self, rec: Record, seconds: float, exc: BaseException | None) -> None:
@@ -406,23 +396,51 @@ class CallPath:
             self.planner.observed_local(planned.call, planned.decision, seconds, planned.inputs_up)
         self.ledger.add(rec)
         if self.config.strict and exc is None and rec.kind in ("unsupported", "fallback"):
-            # a fallback recorded without its kind would be the shim's own slip
-            kind = Why.UNSUPPORTED if rec.kind == "unsupported" else rec.fallback or Why.INTERNAL_ERROR
-            raise FallbackError(kind, f"{rec.op} at {rec.site} ran locally ({rec.kind}): {rec.reason}")
+            raise strict_error(rec, f"ran locally ({rec.kind})")
+
+
+def wait_cold(config: Config, links: list[WorkerLink], phases: dict) -> None:
+    """Under policy remote, the first of ``links`` waited for while it is cold and none is ready (up
+    to ``ready_timeout``), the wait kept as ``phases["wait_ready"]``: a call's and a stage's (D336)."""
+    # only a cold worker is waited for; one that faulted is probed in the background instead
+    first = links[0] if links else None
+    if (config.policy == "remote" and first is not None and first.state == "starting"
+            and not any(link.ready.is_set() for link in links)):
+        waited = time.perf_counter()
+        try:
+            first.wait_ready(config.ready_timeout, while_starting=True)
+        finally:
+            phases["wait_ready"] = time.perf_counter() - waited
+
+
+def fell_back(rec: Record, exc: Exception, detail: str = "") -> Record:
+    """``rec`` as a fallback for a fault on the way to the worker: its kind and the fault in words."""
+    rec.kind, rec.fallback = "fallback", fault_kind(exc)
+    rec.reason = f"{type(exc).__name__}: {exc}{detail}"[:300]
+    return rec
+
+
+def strict_error(rec: Record, ran: str) -> FallbackError:
+    """Strict mode's error for a call or a stage that ``ran`` here (``rec``: its record)."""
+    # a fallback recorded without its kind would be the shim's own slip
+    kind = Why.UNSUPPORTED if rec.kind == "unsupported" else rec.fallback or Why.INTERNAL_ERROR
+    return FallbackError(kind, f"{rec.op} at {rec.site} {ran}: {rec.reason}")
 
 
 _REPLY_KINDS = {"busy": Why.BUSY, "refused": Why.REFUSED, "out_of_memory": Why.OUT_OF_MEMORY}
+# by the exception's name where it says more than its kind: the kernel's own refusal (worker/kernels),
+# a stage past its deadline on the worker (worker/stages)
+_REPLY_EXCS = {"NotReproducible": Why.NOT_REPRODUCIBLE, "StageTimeout": Why.TIMEOUT}
 
 
 def fault_kind(exc: Exception) -> Why:
-    """D323: the kind of a fault on the way to the worker, by its exception (an error reply: by the
-    worker's error kind, ``wire.ERROR_KINDS``)."""
+    """D323: the kind of a fault on the way to the worker, a call's or a stage's (D335), by its
+    exception (an error reply: by the worker's error kind, ``wire.ERROR_KINDS``)."""
     if isinstance(exc, remote.WontFit):
         return Why.OUT_OF_MEMORY
     if isinstance(exc, remote.WorkerFault):
-        if exc.exc == "NotReproducible":  # the kernel's own refusal (worker/kernels): no fault of the worker
-            return Why.NOT_REPRODUCIBLE
-        return _REPLY_KINDS.get(exc.kind, Why.WORKER_FAULT)
+        named = _REPLY_EXCS.get(exc.exc)
+        return named if named is not None else _REPLY_KINDS.get(exc.kind, Why.WORKER_FAULT)
     if isinstance(exc, transport.Timeout):
         return Why.TIMEOUT
     if isinstance(exc, transport.BadReply):

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import transport
+from ..client.remote import WorkerFault
 from ..protocol import code, messages, wire
 from ..protocol.fingerprint import fingerprint, worth_keeping
 
@@ -33,8 +34,9 @@ class Refused(Exception):
     """The worker will not run this stage (no --allow-code, not authenticated, other versions)."""
 
 
-class Failed(transport.TransportError):
-    """The worker answered with an error (the stage crashed, ran out of time): computed here."""
+class Failed(WorkerFault):
+    """The worker answered with an error (the stage crashed, ran out of time): computed here; its
+    kind as a call's (D335: ``client.call.fault_kind``)."""
 
 
 class Packed(NamedTuple):
@@ -88,9 +90,7 @@ def send(link: Any, fn: Any, ref: dict | None, packed: Packed, held: set, deadli
         kind, msg = reply.get("kind"), f"{reply.get('exc')}: {reply.get('msg')}"[:300]
         if kind == "refused":
             raise Refused(str(reply.get("msg"))[:300])
-        fail = Failed(f"worker: {msg}")
-        fail.kind = kind
-        raise fail
+        raise Failed(f"worker: {msg}", kind, reply.get("exc"))
     if reply["t"] != "result":
         raise transport.BadReply(f"a stage answered with {reply['t']!r}")
     try:

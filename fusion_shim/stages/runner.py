@@ -11,11 +11,12 @@ from typing import Any
 import numpy as np
 
 from .. import transport
-from ..errors import FallbackError, FallbackKind as Why
+from ..client.call import fell_back, strict_error, wait_cold
+from ..errors import FallbackKind as Why
 from ..ledger import Record, call_site
 from ..verify import Sampler
 from .decide import Decider, Measured, Reused, array_bytes, shape_key
-from .state import Raised, RemoteTraceback, depth as _depth
+from .state import Raised, RemoteTraceback
 
 _runners: "weakref.WeakKeyDictionary[Any, Runner]" = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
@@ -47,15 +48,15 @@ class Runner:
         self.reused: dict[tuple, Reused] = {}      # per stage and argument shapes
 
     def call(self, stage: Any, args: tuple, kwargs: dict) -> Any:
-        if getattr(_depth, "n", 0):
-            return stage.fn(*args, **kwargs)
         key = shape_key(stage.name, args, kwargs)
-        link = self._link()
+        phases: dict[str, float] = {}
+        link = self._link(phases)
         choice = self.decider.choose(stage.name, key, link, self._input_bytes(key, args, kwargs),
                                      None if link is None else self._pricer(link))
         rec = Record(f"stage {stage.name}", "stage", site=call_site(3), reason=choice.reason,
                      predicted_local_s=choice.local_s, predicted_remote_s=choice.remote_s,
                      thread=threading.get_ident(), kind="local")
+        rec.phases.update(phases)
         rec.start_s = self.rt.ledger.now()
         t = time.perf_counter()
         if choice.where == "remote":
@@ -68,19 +69,18 @@ class Runner:
                 if isinstance(value, Raised):
                     _raise(value.exc)
                 return value
-            if self.config.strict:  # a fallback is an error in strict mode, as for calls
+            if self.config.strict:  # a fallback is an error in strict mode, as for calls; the stage is not run
                 rec.wall_s = time.perf_counter() - t
                 self.rt.ledger.add(rec)
-                raise FallbackError(rec.fallback or Why.INTERNAL_ERROR,
-                                    f"stage {stage.name} at {rec.site} would run here: {rec.reason}")
+                raise strict_error(rec, "would run here")
         return self._local(stage, key, args, kwargs, rec, t)
 
-    def _link(self) -> Any:
+    def _link(self, phases: dict) -> Any:
+        """The first worker's link where it is ready (a stage goes there only): waited for as a call waits."""
         link = self.rt.link
         if link is None:
             return None
-        if self.config.policy == "remote" and not link.ready.is_set():
-            link.wait_ready(self.config.ready_timeout, while_starting=True)
+        wait_cold(self.config, [link], phases)  # D336
         if not link.ready.is_set():
             return None
         if link.bandwidth is None:  # D176: a stage's bytes are priced at the link's measured speed
@@ -113,14 +113,15 @@ class Runner:
         ledger = self.rt.ledger
         seen: list[Record] = []
         ledger.taps[rec.thread] = seen
-        _depth.n = getattr(_depth, "n", 0) + 1
+        guard = self.rt.guard  # D336: the stages it calls run plain (Stage), its NumPy calls as calls
+        guard.stages = getattr(guard, "stages", 0) + 1
         try:
             value = stage.fn(*args, **kwargs)
         except BaseException as exc:
             rec.raised = type(exc).__name__
             raise
         finally:
-            _depth.n -= 1
+            guard.stages -= 1
             ledger.taps.pop(rec.thread, None)
             rec.wall_s = rec.phases["local"] = time.perf_counter() - t
             inner, priced, inner_s = _inner(seen)
@@ -163,9 +164,8 @@ class Runner:
             self.rt.ledger.event(f"stage {name} runs here: {rec.reason}")
             return False, None
         except transport.TransportError as exc:
-            rec.kind, rec.reason = "fallback", f"{type(exc).__name__}: {exc}"[:300]
-            rec.fallback = _fault_kind(exc)
-            if not isinstance(exc, remote.Failed):
+            fell_back(rec, exc)
+            if not isinstance(exc, remote.Failed):  # an error reply is about this stage, not the worker
                 link.fault(exc)
             return False, None
         wall = time.perf_counter() - t
@@ -183,19 +183,6 @@ class Runner:
         if check is not None:
             value = check.finish(stage, args, kwargs, value, rec)
         return True, value
-
-
-def _fault_kind(exc: Exception) -> Why:
-    """D323: a stage's fault, as ``client.call.fault_kind`` names a call's (the worker's stage deadline: a timeout)."""
-    from . import remote  # loaded already: the fault came through it
-
-    if isinstance(exc, remote.Failed):
-        if str(exc).startswith("worker: StageTimeout"):
-            return Why.TIMEOUT
-        return {"busy": Why.BUSY, "out_of_memory": Why.OUT_OF_MEMORY}.get(getattr(exc, "kind", None), Why.WORKER_FAULT)
-    if isinstance(exc, transport.Timeout):
-        return Why.TIMEOUT
-    return Why.BAD_REPLY if isinstance(exc, transport.BadReply) else Why.WORKER_LOST
 
 
 def _raise(exc: BaseException) -> None:

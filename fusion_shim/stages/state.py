@@ -1,9 +1,6 @@
-"""What the runner and the checks share about the calls in flight on this thread."""
+"""What the runner and the checks share about a stage's answer. (Which stages run plain on this
+thread is the runtime's guard: ``.busy``, ``.stages``, D336.)"""
 from __future__ import annotations
-
-import threading
-
-depth = threading.local()  # stages running here on this thread (.n): stages they call are plain calls
 
 
 class Raised:

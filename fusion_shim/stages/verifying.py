@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import VerificationError
 from ..protocol import code
 from ..verify import compare
-from .state import Raised, depth as _depth
+from .state import Raised
 
 
 class Check:
@@ -28,14 +28,12 @@ class Check:
         """The value the program gets: the worker's when it matches this host's, else this host's."""
         rt = self.runner.rt
         t = time.perf_counter()
-        busy, rt.guard.busy = getattr(rt.guard, "busy", False), True  # the reference run is plain NumPy
-        _depth.n = getattr(_depth, "n", 0) + 1
+        busy, rt.guard.busy = getattr(rt.guard, "busy", False), True  # the reference run is plain NumPy and stages
         try:
             want: Any = stage.fn(*self.args, **self.kwargs)
         except Exception as exc:  # the stage's own exception, compared with the worker's
             want = Raised(exc)
         finally:
-            _depth.n -= 1
             rt.guard.busy = busy
         rec.phases["verify"] = time.perf_counter() - t
         problem = _differs(value, want)

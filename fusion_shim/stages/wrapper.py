@@ -39,10 +39,14 @@ def _plain(fn: Callable) -> Callable:
 
 
 def _runner() -> Any:
-    """The active shim's stage runner, or None (no shim, the shim's own thread, or policy local)."""
+    """The active shim's stage runner, or None: no shim, policy local, the shim's own NumPy, or inside
+    a stage running here (D336: the runtime's re-entrancy guard, its ``stages`` level)."""
     intercept = sys.modules.get("fusion_shim.intercept")
     rt = intercept.active() if intercept is not None else None
-    if rt is None or rt.local_only or getattr(rt.guard, "busy", False):
+    if rt is None or rt.local_only:
+        return None
+    guard = rt.guard
+    if getattr(guard, "busy", False) or getattr(guard, "stages", 0):
         return None
     from .runner import runner_of
 

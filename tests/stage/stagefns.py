@@ -38,6 +38,22 @@ def inner_step(A, X):
     return np.tanh(A @ X)
 
 
+GUARD_SEEN: list = []  # (busy, stages) of the runtime's guard, seen inside ``guarded_inner``
+
+
+def guarded_outer(A, X):
+    return guarded_inner(A, X) + 1.0
+
+
+def guarded_inner(A, X):
+    import fusion_shim
+
+    rt = fusion_shim.active()
+    if rt is not None:
+        GUARD_SEEN.append((getattr(rt.guard, "busy", False), getattr(rt.guard, "stages", 0)))
+    return np.tanh(A @ X)
+
+
 def crash():
     ctypes.string_at(0)
 

@@ -12,7 +12,9 @@ what RESULTS.md holds; the median error per workload and policy is asserted.
 
 ``FS_BENCH_WORKLOADS``: a comma-separated list of ``example:arg`` (default ``power_chain:1536``; all of
 them: ``power_chain:1536,fft_filter:1024,mlp_numpy:4096,lstsq_fit:1024,pca_spectral:1024``), to keep
-one invocation short on a loaded host.
+one invocation short on a loaded host. ``FS_BENCH_WORKER_DEVICE`` (default ``cpu``) is the worker's
+``--device``; ``FS_BENCH_REPLAY_DEVICE`` and ``FS_BENCH_REPLAY_LINK`` (default ``cpu-worker`` and
+``loopback``) the replay's: ``benchmarks/gpu/replay.py`` calls these functions with a GPU's model.
 """
 from __future__ import annotations
 
@@ -33,14 +35,18 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = [tuple(w.split(":", 1)) for w in os.environ.get("FS_BENCH_WORKLOADS", "power_chain:1536").split(",")]
 ROUNDS = int(os.environ.get("FS_BENCH_ROUNDS", "3"))
 BOUND = 0.20
+WORKER_DEVICE = os.environ.get("FS_BENCH_WORKER_DEVICE", "cpu")
+REPLAY_DEVICE = os.environ.get("FS_BENCH_REPLAY_DEVICE", "cpu-worker")
+REPLAY_LINK = os.environ.get("FS_BENCH_REPLAY_LINK", "loopback")
 
 
 def _env() -> dict:
     return {k: v for k, v in os.environ.items() if not k.startswith("FUSION_SHIM")}
 
 
-def _worker(url: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "fusion_shim", "worker", "--bind", url, "--device", "cpu"],
+def _worker(url: str, device: str = WORKER_DEVICE, parent_pid: int | None = None) -> subprocess.Popen:
+    tie = ["--parent-pid", str(parent_pid)] if parent_pid else []  # the worker exits with that process
+    proc = subprocess.Popen([sys.executable, "-m", "fusion_shim", "worker", "--bind", url, "--device", device, *tie],
                             stderr=subprocess.PIPE, text=True, env=_env())
     deadline = time.monotonic() + 300
     for line in proc.stderr:  # bound, then warm: the first client's hello waits for the warm-up
@@ -49,17 +55,19 @@ def _worker(url: str) -> subprocess.Popen:
     return proc
 
 
-def _run(url: str, policy: str, report: Path, example: str = "power_chain", arg: str = "1536") -> float:
+def _run(url: str, policy: str, report: Path, example: str = "power_chain", arg: str = "1536",
+         timeout: float = 600) -> float:
     done = subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", policy, "--worker", url, "--quiet",
                            "--report", str(report), str(ROOT / "examples" / f"{example}.py"), arg],
-                          capture_output=True, text=True, env=_env(), timeout=600)
+                          capture_output=True, text=True, env=_env(), timeout=timeout)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(report.read_text())["wall_s"]
 
 
-def _replayed(report: Path, policy: str) -> float:
-    done = subprocess.run([sys.executable, "-m", "fusion_shim", "replay", str(report), "--device", "cpu-worker",
-                           "--link", "loopback", "--json"], capture_output=True, text=True, env=_env(), timeout=600)
+def _replayed(report: Path, policy: str, device: str = REPLAY_DEVICE, link: str = REPLAY_LINK,
+              timeout: float = 600) -> float:
+    done = subprocess.run([sys.executable, "-m", "fusion_shim", "replay", str(report), "--device", device,
+                           "--link", link, "--json"], capture_output=True, text=True, env=_env(), timeout=timeout)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)["wall_s"][policy]
 
@@ -84,7 +92,8 @@ def test_replay_predicts_measured_runs_on_the_cpu_worker(benchmark):
     finally:
         proc.terminate()
         proc.wait(30)
-    print(f"\nreplay validation (CPU worker, loopback; SIMULATED against measured; reports in {work}):")
+    print(f"\nreplay validation (worker {WORKER_DEVICE}, replayed on {REPLAY_DEVICE} over {REPLAY_LINK}; "
+          f"SIMULATED against measured; reports in {work}):")
     print("| workload | policy | measured wall (s) | SIMULATED wall (s) | ratio |")
     print("|---|---|---|---|---|")
     errors = {}

@@ -13,11 +13,14 @@
 #   fidelity   tests/worker/test_gpu_fidelity.py: TF32 off, float64 in float64 (CPU and CUDA workers)
 #   workloads  benchmarks/gpu/workloads.py: power, matmul_chain, fft, decomp under local/remote/auto
 #   shm        benchmarks/bench_shm.py: the same-host 64 MiB round trip vs memcpy (full runs only)
+#   replay     benchmarks/gpu/replay.py: power_chain and fft_filter recorded under remote and auto (worker on
+#              --device), each replayed on this GPU's model over the loopback link against its measured wall
+#              (cpu-worker with --device cpu); at most 150 s, and never the diff step's last 60 s
 #   diff       tests/catalog/test_differential.py with the worker on --device: every catalog row, the numba
 #              rows on the GPU through numba-cuda (the simulator only with --device cpu); last, with
 #              the time that is left (at least 60 s; its progress is in run.log if it is cut short)
 # Writes to $OUT (at most 8 files): results.json (everything, machine-readable), summary.txt,
-# workloads.json, run.log, worker.log.
+# workloads.json, replay.json, run.log, worker.log.
 set -uo pipefail
 
 DEVICE="cuda:0"
@@ -112,6 +115,7 @@ left() { local l=$(( 470 - ($(date +%s) - T0) )); [ "$l" -lt 60 ] && l=60; echo 
 if [ "$QUICK" = 1 ]; then
   step fidelity 60 "${PYTEST[@]}" tests/worker/test_gpu_fidelity.py --junitxml="$WORK/fidelity.xml"
   step workloads 60 "$PYTHON" benchmarks/gpu/workloads.py --device "$DEVICE" --quick --timeout "$(( 30 * ${STEP_LIMIT_SCALE:-1} ))" --out "$OUT/workloads.json"
+  step replay 90 "$PYTHON" benchmarks/gpu/replay.py --device "$DEVICE" --quick --budget "$(( 75 * ${STEP_LIMIT_SCALE:-1} ))" --out "$OUT/replay.json"
   export FUSION_DIFF_DEVICE="$DEVICE"
   step diff 60 "${PYTEST[@]}" tests/catalog/test_differential.py --junitxml="$WORK/diff.xml" \
     -k "matmul-2d-float64-C or solve-2d-float64-C or fft-1d-complex128-C or bincount-weights-int64-C or convolve-full-float64-C or interp-2d_x-float64-C"
@@ -120,6 +124,13 @@ else
   step fidelity 120 "${PYTEST[@]}" tests/worker/test_gpu_fidelity.py --junitxml="$WORK/fidelity.xml"
   step workloads 200 "$PYTHON" benchmarks/gpu/workloads.py --device "$DEVICE" --timeout 90 --out "$OUT/workloads.json"
   step shm 60 "${PYTEST[@]}" benchmarks/bench_shm.py --benchmark-only -s --benchmark-json="$WORK/shm.json"
+  # the replay's limit: 150 s at most, and what leaves the diff step its 60 s; it stops itself 15 s early
+  rl=$(( 470 - ($(date +%s) - T0) - 60 )); [ "$rl" -gt 150 ] && rl=150
+  if [ "$rl" -ge 45 ]; then
+    step replay "$rl" "$PYTHON" benchmarks/gpu/replay.py --device "$DEVICE" --budget "$(( (rl - 15) * ${STEP_LIMIT_SCALE:-1} ))" --out "$OUT/replay.json"
+  else
+    printf 'replay\t%s\t0\n' "skipped: ${rl}s left before the diff step's 60 s" >> "$STEPS"
+  fi
   export FUSION_DIFF_DEVICE="$DEVICE"
   step diff "$(left)" "${PYTEST[@]}" tests/catalog/test_differential.py --junitxml="$WORK/diff.xml" --maxfail=50
   unset FUSION_DIFF_DEVICE
@@ -162,6 +173,8 @@ res["workloads"] = json.load(open(wl)) if os.path.exists(wl) else None
 if res["workloads"]:
     log = res["workloads"].pop("worker_log_tail", "")
     open(os.path.join(out, "worker.log"), "w").write(log)
+rp = os.path.join(out, "replay.json")
+res["replay"] = json.load(open(rp)) if os.path.exists(rp) else None
 json.dump(res, open(os.path.join(out, "results.json"), "w"), indent=1)
 
 lines = [f"fusion_shim GPU run: device {device}{' (quick dry run)' if quick else ''}, {total} s in all"]
@@ -180,12 +193,20 @@ if res.get("shm"):
     s = res["shm"]
     lines.append(f"shm: 64 MiB round trip {1e3 * s['shm_round_trip_s']:.2f} ms = {100 * s['shm_vs_memcpy']:.0f}% of memcpy "
                  f"({s['memcpy_GBps']:.1f} GB/s); socket lane {1e3 * s['socket_round_trip_s']:.1f} ms")
+sys.path.insert(0, os.path.join(os.getcwd(), "benchmarks", "gpu"))
 if res["workloads"]:
-    sys.path.insert(0, os.path.join(os.getcwd(), "benchmarks", "gpu"))
     from workloads import table
     lines.append(table(res["workloads"]))
 else:
     lines.append("workloads: did not run")
+if res["replay"]:
+    from replay import table as replay_table
+    try:
+        lines.append(replay_table(res["replay"]))
+    except (KeyError, TypeError) as exc:  # a run cut while writing: the JSON is in results.json
+        lines.append(f"replay: no table ({type(exc).__name__}: {exc})")
+else:
+    lines.append("replay: did not run")
 text = "\n".join(lines)
 open(os.path.join(out, "summary.txt"), "w").write(text + "\n")
 print(text)

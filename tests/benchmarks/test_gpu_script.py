@@ -4,6 +4,7 @@ writes has what the GPU run's table is made from. Its timings are not checked: t
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -28,7 +29,7 @@ def test_dry_run_writes_the_results(tmp_path):
     res = json.loads((out / "results.json").read_text())
     log = (out / "run.log").read_text()[-4000:]
     assert res["schema"] == "fusion_shim.gpu_run/1" and res["device"] == "cpu" and res["quick"] is True
-    for step in ("deps", "install", "env", "fidelity", "diff", "workloads"):
+    for step in ("deps", "install", "env", "fidelity", "diff", "workloads", "replay"):
         assert res["steps"][step]["exit"] == 0, (step, res["steps"][step], log)
     assert res["steps"]["native"]["exit"] in (0, "absent"), res["steps"]["native"]
     assert res["env"]["python"] and res["env"]["numpy"] and res["env"]["cpus"] >= 1
@@ -45,8 +46,34 @@ def test_dry_run_writes_the_results(tmp_path):
         assert remote["bytes"]["shm_sent"] > 0, (name, remote["bytes"])  # same host: buffers through /dev/shm
         assert row["checksum_rel_diff_remote"] < 1e-4 and row["checksum_rel_diff_auto"] < 1e-4, (name, row)
     assert "target_met" in wl["workloads"]["power"] and "target_met" in wl["workloads"]["matmul_chain"]
+    # the replay step: on the CPU the CPU worker's model (a GPU run uses its GPU's), every row measured
+    rp = res["replay"]
+    assert rp["model"] == "cpu-worker" and rp["link"] == "loopback" and rp["device"] == "cpu", rp
+    assert {(r["workload"].split()[0], r["policy"]) for r in rp["rows"]} == {
+        (w, p) for w in ("power_chain", "fft_filter") for p in ("remote", "auto")}, rp
+    for r in rp["rows"]:
+        assert r["measured_s"] > 0 and r["predicted_s"] > 0 and r["ratio"] == r["predicted_s"] / r["measured_s"], r
     summary = (out / "summary.txt").read_text()
     assert "quick dry run" in summary and "matmul_chain" in summary
+    assert "replay vs measured: model cpu-worker" in summary and "fft_filter 256" in summary, summary
+
+
+def test_the_replay_step_replays_on_the_lent_gpus_own_model():
+    """What the dry run cannot reach: nvidia-smi's names of the lent GPUs map to the replay's table."""
+    from fusion_shim.replay.hardware import DEVICES
+
+    spec = importlib.util.spec_from_file_location("gpu_replay", ROOT / "benchmarks/gpu/replay.py")
+    replay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replay)
+    model_for = replay.model_for
+
+    assert model_for("NVIDIA H100 80GB HBM3") == "h100-sxm"
+    assert model_for("NVIDIA H100 PCIe") == "h100-pcie"
+    assert model_for("NVIDIA H200") == "h200" and model_for("NVIDIA H200 NVL") == "h200"
+    assert model_for("NVIDIA L4") == "l4" and model_for("NVIDIA L40S") is None
+    assert {m for _, m in replay.MODELS} <= set(DEVICES)
+    script = (ROOT / "benchmarks/gpu/run.sh").read_text()
+    assert script.count("step replay") == 2 and '[ "$rl" -gt 150 ] && rl=150' in script  # both branches, capped
 
 
 def test_the_device_command_fits_the_tool():

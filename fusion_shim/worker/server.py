@@ -70,6 +70,7 @@ from .shapes import over_declared, size_params_over
 from .store import ResidentStore, default_budget
 
 TRIM_AFTER = 64 << 20  # D197: received since the last trim, an idle loop trims the heap
+TRIM_TAIL_S = 1.0  # and a smaller tail of large messages a second after the last trim
 ALIGN = 16  # bytes: inputs a CPU kernel reads in place start at a multiple of this
 _HEALTH_A = np.array([[1.0, 2.0], [3.0, 4.0]])
 _HEALTH_B = np.array([[5.0, 6.0], [7.0, 8.0]])
@@ -480,7 +481,7 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
         ready.set()
     inbox = Inbox(sock, keys is not None, principal_budget(worker.max_bytes),  # D69, D270: bounded per principal
                   worker.count_busy)
-    unreturned = 0  # bytes received since the heap was last trimmed
+    unreturned, trimmed_at = 0, time.monotonic()  # bytes received since the heap was last trimmed, and when
     try:
         # hellos that arrive meanwhile wait: nobody is told "ready" early
         inbox.running(lambda: worker.warm(shared=parent_pid is not None))
@@ -491,9 +492,9 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
             got = inbox.next(200 if stages is None else stages.poll_ms(200))
             if got is None:
                 _housekeeping(worker, conns)
-                if unreturned >= TRIM_AFTER:
+                if unreturned >= TRIM_AFTER or (unreturned >= DRAIN_MIN and time.monotonic() - trimmed_at >= TRIM_TAIL_S):
                     trim_heap()  # D197: idle, the freed buffers of large messages go back to the system
-                    unreturned = 0
+                    unreturned, trimmed_at = 0, time.monotonic()
                 if parent_pid is not None and not _alive(parent_pid):
                     return  # the embedded worker's client is gone: do not linger as an orphan
                 continue

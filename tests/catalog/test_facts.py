@@ -34,8 +34,8 @@ NAMING_OPS = {
     "plan/policy.py": "the floor's cost shapes of measured ops",
     "plan/cpuwins.py": "a 'numpy.' prefix cut off for names",
     "plan/planner.py": "a 'numpy.' prefix cut off for names",
-    "report/__init__.py": "a 'numpy.' prefix cut off for names",
-    "report/layout.py": "a 'numpy.' prefix cut off for names",
+    "reporting/__init__.py": "a 'numpy.' prefix cut off for names",
+    "reporting/layout.py": "a 'numpy.' prefix cut off for names",
     "client/runtime.py": "the operators' 'numpy.ndarray.' prefix: their floors are the trampolines'",
     "intercept/native.py": "the trampolines' three operator rows, by name, in their kind's order",
 }

@@ -74,3 +74,4 @@ def test_an_idle_worker_returns_near_its_idle_size_after_large_messages(sock_dir
         chan.close()
         worker.kill()
         worker.wait()
+

@@ -440,7 +440,7 @@ DEFAULT_PATH = ["protocol/wire.py", "protocol/fingerprint.py", "transport/__init
                 "transport/shm_client.py", "transport/shm_worker.py",
                 "plan/__init__.py", "ledger.py", "intercept/__init__.py", "worker/server.py", "worker/kernels/__init__.py",
                 "worker/backend.py", "worker/bench.py",
-                "worker/__init__.py", "report/__init__.py", "cli.py", "__init__.py", "_bootstrap.py"]
+                "worker/__init__.py", "reporting/__init__.py", "cli.py", "__init__.py", "_bootstrap.py"]
 # copyreg is not a deserialiser (a registry every interpreter imports at start-up); the C fast path
 # registers how its proxies pickle by name, like the functions they stand for (issue 3)
 FORBIDDEN = {"pickle", "cPickle", "_pickle", "cloudpickle", "dill", "marshal", "shelve", "joblib"}

@@ -78,7 +78,7 @@ def test_pool_up_to_first_ready_call(benchmark, cluster):
         d = ray.get(ray.get_actor("bench-up.0").join.remote(public), timeout=300)
         chan = transport.Channel(d["url"], (d["server_key"], public, secret), None, None)
         try:
-            assert chan.request(messages.hello(1), time.monotonic() + 300, None).header["t"] == "ready"
+            assert chan.request(messages.hello(1), time.monotonic() + 300).header["t"] == "ready"
         finally:
             chan.close()
         took = time.perf_counter() - t

@@ -35,22 +35,24 @@ def worker():
     url = f"ipc://{d}/w.sock"
     proc = subprocess.Popen([sys.executable, "-m", "fusion_shim", "worker", "--bind", url, "--device", "cpu"],
                             stderr=subprocess.DEVNULL)
-    chan = Channel(url)
+    pool = shm.ShmPool()
+    chan = Channel(url, lane=lambda: pool)
     offer, probe = shm.make_probe()
-    header = chan.request(messages.hello(1, offer), time.monotonic() + 120).header
+    header = chan.request(messages.hello(1, offer)._replace(by_socket=True), time.monotonic() + 120).header
     probe.unlink()
     assert header["shm"]["ok"], header["shm"]
-    yield chan
+    yield chan, pool
     chan.close()
+    pool.close()
     proc.kill()
     proc.wait()
 
 
-def _round_trip(chan, pool, x, rid):
+def _round_trip(chan, by_socket, x, rid):
     header = {"t": "call", "id": rid, "op": "echo", "params": {"cdtype": x.dtype.str}, "layouts": ["C"],
               "results": [{"dtype": x.dtype.str, "shape": list(x.shape)}]}
-    req = messages.Request(header, [wire.to_wire(x)], results=[(x.dtype, x.shape)])
-    reply, arrays = chan.request(req, time.monotonic() + 60, lane=pool)[:2]
+    req = messages.Request(header, [wire.to_wire(x)], results=[(x.dtype, x.shape)], by_socket=by_socket)
+    reply, arrays = chan.request(req, time.monotonic() + 60)[:2]
     assert reply["t"] == "result", reply
     return arrays[0]
 
@@ -68,10 +70,10 @@ def test_shm_round_trip_vs_memcpy(benchmark, worker):
     x = np.random.default_rng(0).standard_normal(MIB64 // 8)
     src, dst = x.copy(), np.empty_like(x)
     np.copyto(dst, src)  # pre-faulted both
-    pool = shm.ShmPool()
+    chan, pool = worker
     ids = iter(range(10, 10 ** 9))
     try:
-        y = _round_trip(worker, pool, x, next(ids))  # warm-up: creates and faults the segments
+        y = _round_trip(chan, False, x, next(ids))  # warm-up: creates and faults the segments
         np.testing.assert_array_equal(y, x)
         assert isinstance(y.base, shm._Lease)
         del y
@@ -83,12 +85,12 @@ def test_shm_round_trip_vs_memcpy(benchmark, worker):
             np.copyto(dst, src)
             memcpy_t.append(time.perf_counter() - t)
             t = time.perf_counter()
-            _round_trip(worker, pool, x, next(ids))
+            _round_trip(chan, False, x, next(ids))
             shm_t.append(time.perf_counter() - t)
 
         benchmark.pedantic(one_round, rounds=ROUNDS, iterations=1)
-        _round_trip(worker, None, x, next(ids))
-        socket_s = _median_s(lambda: _round_trip(worker, None, x, next(ids)), rounds=5)
+        _round_trip(chan, True, x, next(ids))
+        socket_s = _median_s(lambda: _round_trip(chan, True, x, next(ids)), rounds=5)
         # steady state: one input segment and two result slots (the benchmark holds the last result), reused
         assert pool.stats["segments_created"] <= 3, pool.stats
     finally:

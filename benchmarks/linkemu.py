@@ -250,9 +250,9 @@ class Link:
 
         deadline = time.monotonic() + timeout
         while True:
-            chan = transport.Channel(self.url, curve)
+            chan = transport.Channel(self.url, curve, alive=lambda: self.proc.poll() is None)
             try:
-                header = chan.request(messages.hello(1), deadline, lambda: self.proc.poll() is None).header
+                header = chan.request(messages.hello(1), deadline).header
                 break
             except transport.TransportError as exc:
                 # the delaying proxy closes a connection it cannot pass on yet (the worker is still
@@ -276,7 +276,7 @@ class Link:
         for _ in range(3):
             chan = transport.Channel(self.url, curve)
             try:
-                rtt, up, down, why = linkprobe.measure(chan, lambda: next(ids), None, 60.0)
+                rtt, up, down, why = linkprobe.measure(chan, lambda: next(ids), 60.0)
             finally:
                 chan.close()
             if best is None or rtt < best[0]:

@@ -115,9 +115,9 @@ def start_worker(device: str, tmp: str) -> tuple[subprocess.Popen, str, dict, fl
     # --parent-pid: the worker exits with this runner, even one killed at run.sh's time limit
     proc = subprocess.Popen([sys.executable, "-m", "fusion_shim", "worker", "--bind", url, "--device", device,
                              "--parent-pid", str(os.getpid())], env=_env(device), stdout=log, stderr=log)
-    chan = Channel(url)
+    chan = Channel(url, alive=lambda: proc.poll() is None)
     try:
-        header = chan.request(messages.hello(1), time.monotonic() + 300, alive=lambda: proc.poll() is None).header
+        header = chan.request(messages.hello(1), time.monotonic() + 300).header
     finally:
         chan.close()
     return proc, url, header, time.perf_counter() - t

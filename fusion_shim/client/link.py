@@ -136,15 +136,17 @@ class WorkerLink:
     def _tcp(self) -> bool:
         return (self.url or "").startswith("tcp://")
 
-    def _channel(self) -> transport.Channel:
+    def _channel(self, alive: Any = None, lane: Any = None) -> transport.Channel:
         """A new channel to this worker. D34, D35: one started elsewhere whose address refuses
         connections is not waited for, unless it is starting (the embedded one is watched instead).
-        D181: a tcp worker without keys to authenticate it gets no connection, unless --insecure."""
+        D181: a tcp worker without keys to authenticate it gets no connection, unless --insecure.
+        Its requests watch ``alive`` and use the shared-memory ``lane`` (:class:`transport.Channel`)."""
         curve = self.curve
         if curve is None and self._tcp() and not self.config.insecure:
             raise _unauthenticated(self.config, self.url or "")
         give_up = None if self.embedded else NO_LISTENER_S
-        return transport.Channel(self.url, curve, self.config.worker_uid, give_up, self._worker_coming)
+        return transport.Channel(self.url, curve, self.config.worker_uid, give_up, self._worker_coming, alive=alive,
+                                 lane=lane)
 
     def _await_keys(self) -> None:
         """D181: this user's keys for a loopback tcp worker, waited for as a channel waits for a
@@ -206,13 +208,12 @@ class WorkerLink:
                 self._relocate()
             self._await_keys()
             # its own channel, closed at the end: a probe thread must not leave a socket behind
-            chan = self._channel()
+            chan = self._channel(self._probe_alive)
             rid = next(self._ids)
             t = time.monotonic()
             offer = self.lane.offer(self.url)  # shared memory, if the worker can map ours
             try:
-                header = chan.request(messages.hello(rid, offer), t + self.config.ready_timeout,
-                                      self._probe_alive).header
+                header = chan.request(messages.hello(rid, offer), t + self.config.ready_timeout).header
             finally:
                 self.lane.withdraw()
             if header["t"] == "error":
@@ -355,8 +356,8 @@ class WorkerLink:
         chan = None
         try:
             # its own socket, closed at the end
-            chan = self._channel()
-            up, down, why, moved = linkprobe.bandwidth(chan, self.next_id, self.rtt_s or 0.0, self._probe_alive,
+            chan = self._channel(self._probe_alive)
+            up, down, why, moved = linkprobe.bandwidth(chan, self.next_id, self.rtt_s or 0.0,
                                                        min(self.config.timeout, 30.0))
             if why is not None:
                 self.ledger.event(f"link bandwidth to {self.url} not measured ({why}); priced with the prior")
@@ -433,7 +434,7 @@ class WorkerLink:
         """One round trip, less the worker's health check (real device work)."""
         rid = next(self._ids)
         t = time.perf_counter()
-        header = chan.request(messages.hello(rid), time.monotonic() + 5, self.watch).header
+        header = chan.request(messages.hello(rid), time.monotonic() + 5).header
         took = time.perf_counter() - t
         health = header.get("health_s")
         ok = isinstance(health, float) and 0 <= health <= took  # a NaN or an impossible figure: not trusted
@@ -532,7 +533,7 @@ class WorkerLink:
         chan = getattr(self._local, "chan", None)
         if chan is None or chan.pid != os.getpid() or chan.url != self.url:
             # a forked child lands here too: it never touches its parent's socket
-            chan = self._channel()
+            chan = self._channel(self.watch, self.shm)
             self._local.chan = chan
         return chan
 
@@ -584,7 +585,7 @@ class WorkerLink:
         if names and not self.embedded and os.getpid() == self.owner:
             try:
                 rid = next(self._ids)
-                self.channel().request(messages.stats_request(rid, names), time.monotonic() + 0.5, self.watch)
+                self.channel().request(messages.stats_request(rid, names), time.monotonic() + 0.5)
             except transport.TransportError:
                 pass  # it unmaps them when it sees this process gone
 

@@ -27,13 +27,12 @@ LARGE_TRIES = 2            # D33: the second transfer, repeated: the best of the
 PINGS = 5
 
 
-def _call(chan: transport.Channel, rid: int, a: np.ndarray, b: np.ndarray, alive: Callable[[], bool] | None,
-          deadline_s: float) -> tuple[float, float]:
+def _call(chan: transport.Channel, rid: int, a: np.ndarray, b: np.ndarray, deadline_s: float) -> tuple[float, float]:
     """(seconds from send to reply, the worker's own seconds) for one matmul."""
     header = messages.call_header(rid, "matmul", {"cdtype": "<f8"}, ["C"], [("<f8", (a.shape[0], b.shape[1]))])
     req = messages.Request(header, [wire.to_wire(a), wire.to_wire(b)])
     t = time.perf_counter()
-    header = chan.request(req, time.monotonic() + deadline_s, alive).header
+    header = chan.request(req, time.monotonic() + deadline_s).header
     seconds = time.perf_counter() - t
     if header.get("t") != "result":
         raise transport.BadReply(f"link probe answered with {header.get('t')!r}: {header.get('msg')}")
@@ -46,27 +45,25 @@ def _byte_time(seconds: float, rtt: float) -> float:
     return max(seconds - rtt, seconds / 2, 1e-6)
 
 
-def measure(chan: transport.Channel, next_id: Callable[[], int], alive: Callable[[], bool] | None = None,
+def measure(chan: transport.Channel, next_id: Callable[[], int],
             deadline_s: float = 30.0) -> tuple[float, float | None, float | None, str | None]:
     """(round trip s, bytes/s up, bytes/s down, why the bandwidth is unknown): both at once."""
-    rtt = ping(chan, next_id, alive, deadline_s)
-    return (rtt, *bandwidth(chan, next_id, rtt, alive, deadline_s)[:3])
+    rtt = ping(chan, next_id, deadline_s)
+    return (rtt, *bandwidth(chan, next_id, rtt, deadline_s)[:3])
 
 
-def ping(chan: transport.Channel, next_id: Callable[[], int], alive: Callable[[], bool] | None = None,
-         deadline_s: float = 30.0) -> float:
+def ping(chan: transport.Channel, next_id: Callable[[], int], deadline_s: float = 30.0) -> float:
     """The best of a few hello round trips; raises TransportError like any request."""
     rtt = float("inf")
     for _ in range(PINGS):
         rid = next_id()
         t = time.perf_counter()
-        chan.request(messages.hello(rid), time.monotonic() + deadline_s, alive)
+        chan.request(messages.hello(rid), time.monotonic() + deadline_s)
         rtt = min(rtt, time.perf_counter() - t)
     return rtt
 
 
 def bandwidth(chan: transport.Channel, next_id: Callable[[], int], rtt: float,
-              alive: Callable[[], bool] | None = None,
               deadline_s: float = 30.0) -> tuple[float | None, float | None, str | None, int]:
     """(bytes/s up, bytes/s down, why unknown, bytes moved both ways). A transfer that fails (a
     worker too slow to answer within ``deadline_s``) leaves them None and says why: the worker is
@@ -77,10 +74,10 @@ def bandwidth(chan: transport.Channel, next_id: Callable[[], int], rtt: float,
         for nbytes in (SMALL, *(LARGE,) * LARGE_TRIES):
             n = nbytes // 8
             a, b = np.ones((1, n)), np.ones((n, 1))
-            s, w = _call(chan, next_id(), a, b, alive, deadline_s)
+            s, w = _call(chan, next_id(), a, b, deadline_s)
             m = int(n ** 0.5)
             c, d = np.ones((m, 1)), np.ones((1, m))
-            s2, w2 = _call(chan, next_id(), c, d, alive, deadline_s)
+            s2, w2 = _call(chan, next_id(), c, d, deadline_s)
             # the best of the transfers: a busy CPU or a stray packet only ever slows one down
             up = max(up or 0.0, a.nbytes * 2 / _byte_time(s - w, rtt))
             down = max(down or 0.0, m * m * 8 / _byte_time(s2 - w2, rtt))

@@ -13,7 +13,6 @@ from .. import transport
 from ..catalog import Prepared
 from ..ledger import Record
 from ..protocol import messages, wire
-from ..protocol.skeleton import Skeleton
 from ..transport import shm_client
 from .link import WorkerLink
 from .repeat import Template
@@ -110,11 +109,9 @@ def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
     t0 = time.perf_counter()
     lane = link.shm()
     if tmpl is not None and (lane is None or tmpl.largest < shm_client.MIN_BYTES):
-        req: Any = tmpl.request(link.next_id(), prep, lane.drops() if lane is not None else ())
-        lane, skeleton = None, tmpl.reply  # a small call's frames as they are, as the lane sends them (D45)
+        req: Any = tmpl.request(link.next_id(), prep, lane.drops() if lane is not None else ())  # D45: by the socket
     else:  # a call from a template repeats a layout whose first call was weighed here
         check_fits(prep, link, wired.refs_in(link.mirror) if wired is not None else ())
-        skeleton = None
         header = call_header(link.next_id(), prep, keep=wired is not None)
         if wired is None:
             items, fps, refs = [wire.to_wire(a) for a in prep.arrays], None, ()
@@ -122,14 +119,14 @@ def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
             wired.refs = wired.refs_in(link.mirror)
             items, fps, refs = wired.items, wired.fps, wired.refs
         req = messages.Request(header, items, fps, refs, prep.results)
-    reply, arrays, t1, timing, learn_from = _exchange(link, chan, req, rec, deadline_s, lane, skeleton)
+    reply, arrays, t1, timing, learn_from = _exchange(link, chan, req, rec, deadline_s)
     if reply["t"] == "error" and reply.get("kind") == "missing" and wired is not None and wired.refs:
         # the mirror was stale (an eviction it did not hear of, another client): resend by value, once
         link.mirror.discard(reply.get("missing") or ())
         rec.resends += len(wired.refs)
         header["id"] = link.next_id()
         before = chan.last_bytes_sent, chan.last_bytes_received
-        reply, arrays, _, timing, _ = _exchange(link, chan, req._replace(refs=()), rec, deadline_s, link.shm())
+        reply, arrays, _, timing, _ = _exchange(link, chan, req._replace(refs=()), rec, deadline_s)
         chan.last_bytes_sent += before[0]  # both round trips were on the socket
         chan.last_bytes_received += before[1]
         wired.refs = []
@@ -147,7 +144,7 @@ def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
     if timing is None:
         timing = messages.read_timing(reply)
         if learn_from is not None:
-            skeleton.learn(learn_from, reply, arrays)
+            req.skeleton.learn(learn_from, reply, arrays)
     if wired is not None:
         _held(link.mirror, wired, timing, arrays, rec)
     t3 = time.perf_counter()
@@ -197,12 +194,12 @@ def _phases(timing: messages.Timing, rec: Record, chan: transport.Channel, link:
     return worker_s.get("kernel")
 
 
-def _exchange(link: WorkerLink, chan: transport.Channel, req: Any, rec: Record, deadline_s: float, lane: Any,
-              skeleton: Skeleton | None = None) -> tuple[dict, list, float, messages.Timing | None, Any]:
+def _exchange(link: WorkerLink, chan: transport.Channel, req: Any, rec: Record,
+              deadline_s: float) -> tuple[dict, list, float, messages.Timing | None, Any]:
     """One request and its reply; returns (reply, arrays, when encoding ended, its Timing where the
-    ``skeleton`` read it, its frames where the skeleton may learn from it). On a same-host link the
-    buffers go through shared memory (``lane``, the link's)."""
-    ans = chan.request(req, time.monotonic() + deadline_s, link.watch, lane, skeleton)
+    request's skeleton read it, its frames where the skeleton may learn from it). On a same-host
+    link the buffers go through shared memory (the channel's lane, the link's)."""
+    ans = chan.request(req, time.monotonic() + deadline_s)
     if ans.lane_note:
         link.ledger.event(ans.lane_note)
     rec.shm_sent += ans.shm_sent

@@ -65,9 +65,11 @@ def layout_key(args: tuple, kwargs: dict) -> tuple | None:
 
 
 class Encoded(NamedTuple):
-    """A request already encoded, for :meth:`transport.Channel.request`."""
+    """A request already encoded, for :meth:`transport.Channel.request`; its reply read from ``skeleton``."""
     id: int
     encoded: list
+    skeleton: Skeleton | None = None
+    by_socket = True  # D45: a small call's frames as they are, as the lane would send them
 
     def frames(self) -> list:
         return self.encoded
@@ -122,7 +124,7 @@ class Template:
             header = self.form.encode_with(rid, shm_drop=drops)
         else:
             header = self.form.encode(rid)
-        return Encoded(rid, [header, *bufs])
+        return Encoded(rid, [header, *bufs], self.reply)
 
 
 def make(prep: Prepared, args: tuple, kwargs: dict, call: plan.Call, shapes: list,

@@ -39,12 +39,16 @@ class Reply(NamedTuple):
 class Request(NamedTuple):
     """A request not yet encoded: its header, its inputs through :func:`wire.to_wire`, their
     fingerprints, the indices that travel as references, and the results it declares
-    (``(dtype, shape)`` pairs, which a shared-memory lane offers slots for)."""
+    (``(dtype, shape)`` pairs, which a shared-memory lane offers slots for). ``skeleton``: a
+    :class:`~fusion_shim.protocol.skeleton.Skeleton` its reply is read from (D48); ``by_socket``:
+    its buffers bypass the channel's shared-memory lane."""
     header: dict
     items: Sequence[tuple[dict, Any]] = ()
     fps: Sequence[str | None] | None = None
     refs: Sequence[int] = ()
     results: Sequence[tuple[Any, tuple]] = ()
+    skeleton: Any = None
+    by_socket: bool = False
 
     @property
     def id(self) -> int:

@@ -75,15 +75,14 @@ def send(link: Any, fn: Any, ref: dict | None, packed: Packed, held: set, deadli
     fps = [None, *packed.fps]
     refs = [i + 1 for i, fp in enumerate(packed.fps) if fp is not None and fp in held]
     header = messages.stage_header(link.next_id(), ref, code.versions(), deadline_s, run_name())
-    req = messages.Request(header, items, fps, refs)
-    ans = chan.request(req, time.monotonic() + deadline_s + DEADLINE_SLACK_S, link.watch, lane=None)
+    req = messages.Request(header, items, fps, refs, by_socket=True)  # the worker reads a stage from its frames only
+    ans = chan.request(req, time.monotonic() + deadline_s + DEADLINE_SLACK_S)
     sent, received = chan.last_bytes_sent, chan.last_bytes_received
     if ans.header["t"] == "error" and ans.header.get("kind") == "missing":
         held.difference_update(ans.header.get("missing") or ())
         header["id"] = link.next_id()
         refs = []
-        ans = chan.request(req._replace(refs=()), time.monotonic() + deadline_s + DEADLINE_SLACK_S, link.watch,
-                           lane=None)
+        ans = chan.request(req._replace(refs=()), time.monotonic() + deadline_s + DEADLINE_SLACK_S)
         sent, received = sent + chan.last_bytes_sent, received + chan.last_bytes_received
     reply = ans.header
     if reply["t"] == "error":

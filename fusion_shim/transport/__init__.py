@@ -6,8 +6,10 @@ On the same host, buffers can bypass the socket through shared memory: :mod:`.sh
 socket still carries every header, and stays the fallback.
 
 The one operation a caller needs is :meth:`Channel.request`: send a request (a
-:class:`~fusion_shim.protocol.messages.Request`, its buffers through a shared-memory lane when one
-is given) and wait, up to a deadline, for the reply that carries the same request id. Failures are
+:class:`~fusion_shim.protocol.messages.Request`, its buffers through the channel's shared-memory
+lane when it has one) and wait, up to a deadline, for the reply that carries the same request id.
+What a request watches besides its socket (``alive``) and its lane are the channel's, given where
+it is made; what differs per request (a reply skeleton, the socket only) is the request's. Failures are
 grouped by what the caller can do about them: every :class:`TransportError` means "compute locally
 and record why".
 
@@ -272,11 +274,16 @@ class Channel:
     ``peer_uid``: on ``ipc://``, a uid besides this user's and root's that may answer.
     ``give_up_s``: a request fails with :class:`NoListener` once no connection was made this long,
     unless ``coming()`` says a worker is starting there (then up to ``COMING_MAX_S``).
+    ``alive``: False once the worker's process is known gone (every request's wait ends then).
+    ``lane``: the shared-memory pool negotiated now, or None (asked at each request: a new worker
+    at the same address negotiates a new one).
     A forked child never uses its parent's channel: callers compare ``pid``."""
 
     def __init__(self, url: str, curve: tuple[bytes, bytes, bytes] | None = None, peer_uid: int | None = None,
-                 give_up_s: float | None = None, coming: Callable[[], bool] | None = None):
+                 give_up_s: float | None = None, coming: Callable[[], bool] | None = None, *,
+                 alive: Callable[[], bool] | None = None, lane: "Callable[[], ShmPool | None] | None" = None):
         check_url(url)
+        self.alive, self.lane = alive, lane
         self.sock = self.pulse = None
         self.monitors: list[zmq.Socket] = []
         self._data_events: list = []
@@ -411,22 +418,23 @@ class Channel:
             self._coming_seen = (now, answer)
         return answer
 
-    def request(self, req: Request, deadline: float, alive: Callable[[], bool] | None = None,
-                lane: "ShmPool | None" = None, skeleton: "Skeleton | None" = None) -> "Answer":
+    def request(self, req: Request, deadline: float) -> "Answer":
         """Send ``req`` and return its decoded reply (the one with its id); raise TransportError.
-        ``alive``: False once the worker's process is known gone. With a ``lane``, inputs that are
-        not references go into its segments and each declared result is offered a slot; a request
-        without a usable reply retires them. Where ``/dev/shm`` refuses, the socket carries all.
-        ``skeleton``: the reply is read from it where it repeats the one it learnt (D48); while it
-        is learning, a reply decoded in full comes back with its frames, for the caller to offer it
-        once the result is accepted."""
-        if lane is None:
+        Through the channel's lane, unless ``req.by_socket``: inputs that are not references go into
+        its segments and each declared result is offered a slot; a request without a usable reply
+        retires them. Where ``/dev/shm`` refuses, the socket carries all. ``req.skeleton``: the
+        reply is read from it where it repeats the one it learnt (D48); while it is learning, a
+        reply decoded in full comes back with its frames, for the caller to offer it once the
+        result is accepted."""
+        pool = None if req.by_socket or self.lane is None else self.lane()
+        if pool is None:
             staged, frames, note = None, req.frames(), None
         else:
-            staged, frames, note = lane.stage(req)
+            staged, frames, note = pool.stage(req)
         t = time.perf_counter()
         try:
-            header, arrays, timing, learn_from = self._roundtrip(req.id, frames, deadline, alive, staged, skeleton)
+            header, arrays, timing, learn_from = self._roundtrip(req.id, frames, deadline, self.alive, staged,
+                                                                 req.skeleton)
         except BaseException:
             if staged is not None:
                 staged.abandon()

@@ -40,7 +40,7 @@ def _workload():
 def _stats(url):
     chan = transport.Channel(url)
     try:
-        return chan.request(messages.stats_request(999_999), 1e18, None).header
+        return chan.request(messages.stats_request(999_999), 1e18).header
     finally:
         chan.close()
 

@@ -12,7 +12,7 @@ class Link:
     """What :func:`fusion_shim.stages.remote.send` needs of a link: a channel and request ids."""
 
     def __init__(self, chan):
-        self.chan, self.rid, self.watch = chan, 0, None
+        self.chan, self.rid = chan, 0
 
     def channel(self):
         return self.chan
@@ -37,7 +37,7 @@ def main(address: str, name: str) -> None:
     d = ray.get(ray.get_actor(name).join.remote(public), timeout=120)
     chan = transport.Channel(d["url"], (d["server_key"], public, secret), None, None)
     try:
-        ready = chan.request(messages.hello(0), time.monotonic() + 300, None)  # answered once warm
+        ready = chan.request(messages.hello(0), time.monotonic() + 300)  # answered once warm
         assert ready.header["t"] == "ready", ready.header
         packed = remote.pack(doubled_sum, (np.arange(4.0),), {}, True, False)
         try:

@@ -153,14 +153,14 @@ def test_a_client_whose_key_was_not_given_gets_no_work_done(cluster, pool):
     chan = transport.Channel(before["url"], (before["server_key"], public, secret), None, None)
     try:
         with pytest.raises(transport.TransportError):
-            chan.request(messages.hello(1), time.monotonic() + 3, None)
+            chan.request(messages.hello(1), time.monotonic() + 3)
     finally:
         chan.close()
     assert ray.get(actor.stats.remote(), timeout=60)["calls"] == before["calls"]
     ray.get(actor.join.remote(public), timeout=60)  # the same key, given through Ray: served
     chan = transport.Channel(before["url"], (before["server_key"], public, secret), None, None)
     try:
-        assert chan.request(messages.hello(2), time.monotonic() + 60, None).header["t"] == "ready"
+        assert chan.request(messages.hello(2), time.monotonic() + 60).header["t"] == "ready"
     finally:
         chan.close()
 

@@ -62,9 +62,9 @@ def _ready(tmp_path, cache, *extra):
     env = {**os.environ, "XDG_CACHE_HOME": str(cache)}
     proc = subprocess.Popen([sys.executable, "-m", "fusion_shim", "worker", "--bind", url, "--device", "cpu", *extra],
                             env=env, stderr=subprocess.DEVNULL)
-    chan = Channel(url)
+    chan = Channel(url, alive=lambda: proc.poll() is None)
     try:
-        return chan.request(messages.hello(1), time.monotonic() + 600, lambda: proc.poll() is None).header
+        return chan.request(messages.hello(1), time.monotonic() + 600).header
     finally:
         chan.close()
         proc.kill()

@@ -5,16 +5,21 @@ Objects are pickled with cloudpickle; each ndarray of a dtype the wire carries i
 pickle as a *persistent id*, an index into a list of arrays that travel as raw frames (so a matrix
 crosses once, by reference when the worker holds it). One array object met twice is one index:
 aliasing inside the arguments survives the trip. A function is sent by reference (module, qualname,
-hash of its source) or by value (cloudpickle, its module registered to pickle by value).
+hash of its source and of the modules of the program's tree its module imports, D342) or by value
+(cloudpickle, its module and those registered to pickle by value).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import inspect
 import io
+import os
 import pickle
+import site
 import sys
+import sysconfig
 from typing import Any, Callable
 
 import cloudpickle
@@ -23,6 +28,7 @@ import numpy as np
 from .wire import DTYPES
 
 BY_VALUE_NAMES = ("__main__", "__mp_main__")
+MAX_IMPORTS = 256  # modules of the program's tree one reference may name; past it, by value
 STAGE_TRACEBACK = "_fusion_shim_stage_traceback"  # D216: the attribute a stage's exception carries its frames in
 
 
@@ -109,30 +115,87 @@ def loads_answer(data: Any, arrays: list, modules: frozenset) -> Any:
 
 
 def by_value(fn: Callable) -> Any:
-    """What pickles ``fn`` with its code, even when its module could be imported by name."""
+    """What pickles ``fn`` with its code, and the code of the modules of the program's tree it
+    imports (D342), even when its module could be imported by name."""
     module = sys.modules.get(getattr(fn, "__module__", None) or "")
-    if module is None or module.__name__ in BY_VALUE_NAMES:
+    if module is None:
         return fn
-    return _ByValue(fn, module)
+    modules = [sys.modules[n] for n in tree_imports(fn)]
+    modules += [] if module.__name__ in BY_VALUE_NAMES else [module]
+    return _ByValue(fn, modules) if modules else fn
 
 
 class _ByValue:
-    """A function whose module is registered to pickle by value while it is pickled."""
+    """A function whose modules are registered to pickle by value while it is pickled."""
 
-    def __init__(self, fn: Callable, module: Any):
-        self.fn, self.module = fn, module
+    def __init__(self, fn: Callable, modules: list):
+        self.fn, self.modules = fn, modules
 
     def __reduce__(self) -> Any:
+        before = set(cloudpickle.list_registry_pickle_by_value())
+        registered = []
         try:
-            cloudpickle.register_pickle_by_value(self.module)
-            registered = True
-        except ValueError:  # already registered, or not a module cloudpickle takes
-            registered = False
-        try:
+            for module in self.modules:
+                if module.__name__ not in before:
+                    cloudpickle.register_pickle_by_value(module)
+                    registered.append(module)
             return pickle.loads, (cloudpickle.dumps(self.fn, protocol=pickle.HIGHEST_PROTOCOL),)
         finally:
-            if registered:
-                cloudpickle.unregister_pickle_by_value(self.module)
+            for module in registered:
+                cloudpickle.unregister_pickle_by_value(module)
+
+
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> tuple[str, ...]:
+    """Where installed code lives (the standard library, site-packages, this package): not the program's."""
+    paths = sysconfig.get_paths()
+    dirs = [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths]
+    dirs += [*getattr(site, "getsitepackages", list)(), site.getusersitepackages(),
+             os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
+    return tuple(os.path.join(os.path.realpath(d), "") for d in dirs)
+
+
+@functools.lru_cache(maxsize=4096)
+def _of_tree(path: str) -> bool:
+    return path.endswith(".py") and not os.path.realpath(path).startswith(_library_dirs())
+
+
+def _tree_module(name: str) -> Any:
+    module = sys.modules.get(name)
+    path = getattr(module, "__file__", None)
+    return module if isinstance(path, str) and _of_tree(path) else None
+
+
+def _code_names(co: Any, out: set) -> None:
+    out.update(co.co_names)  # a function's own imports name their modules here
+    for const in co.co_consts:
+        if inspect.iscode(const):
+            _code_names(const, out)
+
+
+def tree_imports(fn: Callable) -> list[str]:
+    """D342: the modules of the program's tree (not the standard library, site-packages nor this
+    package) that ``fn``'s module reaches through its globals and its functions' imports, in turn."""
+    start = getattr(fn, "__module__", None)
+    names: set = set()
+    if getattr(fn, "__code__", None) is not None:
+        _code_names(fn.__code__, names)
+    todo, seen = [sys.modules.get(start or "")], {start}
+    while todo:
+        module = todo.pop()
+        for value in list(vars(module).values()) if module is not None else ():
+            if inspect.ismodule(value):
+                names.add(value.__name__)
+            elif inspect.isfunction(value) or inspect.isclass(value):
+                names.add(getattr(value, "__module__", None))
+                if inspect.isfunction(value) and value.__module__ == module.__name__:
+                    _code_names(value.__code__, names)
+        for name in [n for n in names if isinstance(n, str) and n not in seen]:
+            seen.add(name)
+            dep = _tree_module(name)
+            if dep is not None:
+                todo.append(dep)
+    return sorted(n for n in seen - {start, *BY_VALUE_NAMES} if _tree_module(n) is not None)
 
 
 def _code_parts(co: Any, out: list) -> None:
@@ -158,6 +221,36 @@ def source_hash(fn: Callable) -> str | None:
     code_obj = getattr(fn, "__code__", None)
     if code_obj is not None:
         _code_parts(code_obj, parts)
+    return _digest(parts)
+
+
+_MODULE_HASHES: dict[tuple, str | None] = {}  # (name, id, file's mtime and size) -> its hash: a stage call's cost
+
+
+def _module_hash(module: Any) -> str | None:
+    """A module's source as its file holds it now and the code of the functions it defines (D190)."""
+    try:
+        stat = os.stat(module.__file__)
+    except (OSError, TypeError, AttributeError):
+        return None
+    key = (module.__name__, id(module), stat.st_mtime_ns, stat.st_size)
+    if key in _MODULE_HASHES:
+        return _MODULE_HASHES[key]
+    try:
+        parts: list = [inspect.getsource(module)]
+    except (OSError, TypeError):
+        return None
+    for name, value in sorted(vars(module).items(), key=lambda kv: kv[0]):
+        if inspect.isfunction(value) and value.__module__ == module.__name__:
+            parts.append(name)
+            _code_parts(value.__code__, parts)
+    if len(_MODULE_HASHES) >= 4096:
+        _MODULE_HASHES.clear()
+    _MODULE_HASHES[key] = _digest(parts)
+    return _MODULE_HASHES[key]
+
+
+def _digest(parts: list) -> str:
     digest = hashlib.sha256()
     for part in parts:
         digest.update(part if isinstance(part, bytes) else part.encode("utf-8", "surrogatepass"))
@@ -165,27 +258,47 @@ def source_hash(fn: Callable) -> str | None:
     return digest.hexdigest()[:32]
 
 
+def identity(fn: Callable, imports: list[str]) -> str | None:
+    """D342: the hash of ``fn``'s source and code and of the modules ``imports`` names, as this
+    process holds them; None where one has no source."""
+    own = source_hash(fn)
+    if own is None or not imports:
+        return own
+    parts = [own]
+    for name in imports:
+        module = sys.modules.get(name)
+        parts += [name, _module_hash(module) if module is not None else None]
+    return None if None in parts else _digest(parts)
+
+
 def by_reference(fn: Callable) -> dict | None:
     """The reference a worker can import ``fn`` by, or None where it must go by value."""
     module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if not module or module in BY_VALUE_NAMES or "<" in qualname:
         return None
-    digest = source_hash(fn)
-    return None if digest is None else {"module": module, "qualname": qualname, "hash": digest}
+    imports = tree_imports(fn)
+    digest = identity(fn, imports) if len(imports) <= MAX_IMPORTS else None
+    return None if digest is None else {"module": module, "qualname": qualname, "hash": digest, "imports": imports}
 
 
 def resolve(ref: dict) -> tuple[Callable | None, str]:
-    """The function a reference names, imported here, or None and why it cannot be used."""
+    """The function a reference names, imported here with the modules it names, or None and why it
+    cannot be used."""
     module, qualname, digest = ref.get("module"), ref.get("qualname"), ref.get("hash")
+    imports = ref.get("imports", [])
     if not all(isinstance(v, str) for v in (module, qualname, digest)):
         return None, "a reference needs module, qualname and hash as strings"
+    if not (isinstance(imports, list) and len(imports) <= MAX_IMPORTS and all(isinstance(n, str) for n in imports)):
+        return None, f"a reference's imports are at most {MAX_IMPORTS} module names"
     try:
         obj: Any = importlib.import_module(module)
         for part in qualname.split("."):
             obj = getattr(obj, part)
+        for name in imports:
+            importlib.import_module(name)
     except Exception as exc:  # any import error of the user's module: it goes by value instead
         return None, f"{module}:{qualname} does not import here ({type(exc).__name__}: {exc})"[:300]
     obj = getattr(obj, "__wrapped__", obj)
-    if source_hash(obj) != digest:
-        return None, f"{module}:{qualname} has another source here"
+    if identity(obj, imports) != digest:
+        return None, f"{module}:{qualname} or a module it imports has another source here"
     return obj, ""

@@ -56,7 +56,7 @@ def report(format="text", full=False):
     return built if format == "json" else format_table(built, full=full)
 
 
-_PREFIX = "FUSION_SHIM_"  # config.PREFIX, not imported: config loads dataclasses
+_PREFIX = "FUSION_SHIM_"  # config.PREFIX, not imported: with no setting given, start loads no config (D111)
 _started = False
 
 

@@ -103,7 +103,7 @@ class Record:
     def __eq__(self, other: object) -> bool:
         return self.as_dict() == other.as_dict() if type(other) is Record else NotImplemented
 
-    __hash__ = None  # mutable, as the dataclass it replaces
+    __hash__ = None  # mutable: compared by value, so not hashable
 
     def __repr__(self) -> str:
         return f"Record({self.op!r}, kind={self.kind!r}, reason={self.reason!r}, wall_s={self.wall_s!r})"

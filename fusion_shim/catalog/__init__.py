@@ -141,7 +141,8 @@ _BINDERS: dict[int, tuple[inspect.Signature, Callable]] = {}  # id -> (the signa
 
 def _binder(sig: inspect.Signature) -> Callable[[tuple, dict], Any]:
     """``sig.bind`` for the common call (positional arguments, then keywords by name, every required
-    one given) without inspect's general machinery; any other call goes to ``sig.bind`` itself."""
+    one given) without inspect's general machinery; any other call goes to ``sig.bind`` itself. D340:
+    it runs in every call above its floor that repeats no template, where ``sig.bind`` cost 0.9-6.3 us more."""
     entry = _BINDERS.get(id(sig))
     if entry is not None and entry[0] is sig:
         return entry[1]

@@ -16,6 +16,7 @@ import math
 import operator
 import sys
 import warnings
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -25,30 +26,24 @@ from .spec import OpSpec, Unsupported
 ndarray = np.ndarray
 
 
+@dataclass(slots=True, eq=False, repr=False)  # D341: made with the rules, after NumPy's import
 class Prepared:
     """A call a rule has matched: what to send, what comes back, and how NumPy's value is built."""
 
-    __slots__ = ("spec", "arrays", "params", "results", "layouts", "flops", "out", "scalar_0d", "scalar_out",
-                 "returns", "finish")
-
-    def __init__(self, spec: OpSpec, arrays: list[ndarray], params: dict[str, Any],
-                 results: list[tuple[np.dtype, tuple[int, ...]]], layouts: list[Any], flops: float,
-                 out: ndarray | None = None, scalar_0d: bool = False, scalar_out: bool = False,
-                 returns: str = "array", finish: Callable[[list[ndarray]], Any] | None = None):
-        self.spec = spec
-        self.arrays = arrays
-        self.params = params
-        self.results = results      # what the worker returns, array by array
-        self.layouts = layouts      # "C", "F" or an axis order per result
-        self.flops = flops
-        self.out = out
-        self.scalar_0d = scalar_0d    # NumPy returns a scalar, not a 0-d array, when the result is 0-d
-        self.scalar_out = scalar_out  # np.dot: a 0-d out= is returned as a scalar too (NumPy's PyArray_Return)
-        self.returns = returns        # "array", or the numpy.linalg named tuple the results form
-        # Builds NumPy's return value from the worker's arrays when the three fields above cannot say it
-        # (eig's real-or-complex result, lstsq's tuple, a result NumPy returns as a view, ...). It only
-        # rearranges what the worker computed, with NumPy's own cheap operations; it never raises.
-        self.finish = finish
+    spec: OpSpec
+    arrays: list[ndarray]
+    params: dict[str, Any]
+    results: list[tuple[np.dtype, tuple[int, ...]]]  # what the worker returns, array by array
+    layouts: list[Any]  # "C", "F" or an axis order per result
+    flops: float
+    out: ndarray | None = None
+    scalar_0d: bool = False  # NumPy returns a scalar, not a 0-d array, when the result is 0-d
+    scalar_out: bool = False  # np.dot: a 0-d out= is returned as a scalar too (NumPy's PyArray_Return)
+    returns: str = "array"  # "array", or the numpy.linalg named tuple the results form
+    # Builds NumPy's return value from the worker's arrays when the three fields above cannot say it
+    # (eig's real-or-complex result, lstsq's tuple, a result NumPy returns as a view, ...). It only
+    # rearranges what the worker computed, with NumPy's own cheap operations; it never raises.
+    finish: Callable[[list[ndarray]], Any] | None = None
 
     def __repr__(self) -> str:
         return f"Prepared({self.spec.name!r}, results={self.results!r}, flops={self.flops!r})"

@@ -193,7 +193,7 @@ def _report_at_exit(rt: "Runtime") -> None:
         return
     # imported here, at exit: nothing it loads may run exec() or eval() on source text (a
     # dataclass, a namedtuple), which makes CPython forget an unhandled Ctrl-C and exit with
-    # status 1 instead of by SIGINT; config and ledger, which have them, are loaded by then
+    # status 1 instead of by SIGINT; config and ledger hold none (D36) and are loaded by then
     from ..reporting import at_exit
 
     at_exit(rt)

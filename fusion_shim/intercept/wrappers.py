@@ -58,7 +58,7 @@ def _c_only() -> tuple[Any, Any] | None:
         return None
     added: list[str] = []
     # the extension's init imports "wrapt.exceptions", and that import would run the package's
-    # __init__: an unexecuted stand-in, the package's directory its path, holds the name while the two load
+    # __init__ (D112): an unexecuted stand-in, the package's directory its path, holds the name while the two load
     stand_in = sys.modules["wrapt"] = type(sys)("wrapt")
     stand_in.__path__ = [where]
     try:

@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, Any, Sequence, TextIO
 
 # Imported at exit (intercept): nothing loaded here may run exec() or eval() on source text (a
 # dataclass, a namedtuple, statistics), which would make CPython exit with status 1 after an
-# unhandled Ctrl-C instead of by SIGINT. config and ledger have dataclasses: the runtime loads them.
+# unhandled Ctrl-C instead of by SIGINT. config and ledger, plain classes (D36), are loaded by then.
 from ..config import Config
 from ..ledger import PHASES, Ledger
 from .bottom import added_time, detail, machine_wait_s, plain_words, worker_cpu_s

@@ -8,9 +8,9 @@ for readiness, up to ``ready_timeout``, and that wait is its own phase (``wait_r
 Under ``remote`` only a cold worker (starting, or restarted) is waited for; a worker that faulted is
 probed again in the background (backing off) while calls run locally, so no call waits on it.
 
-When the workers start (now, deferred on evidence on a host with no GPU, D40, or a pool's through Ray,
-D154, D302) is :class:`.starts.WorkerStarts`' decision alone: the runtime makes it at install and hands it
-the calls made while the start waits on evidence.
+When the workers start (now; on evidence, on a host with no GPU, D40; a pool's through Ray, D154, D302)
+is :class:`.starts.WorkerStarts`' decision alone (D338): the runtime makes it at install and hands it the
+calls made while the start waits on evidence.
 
 The runtime never imports the interceptor: the interceptor constructs it with ``publish_floors``,
 the callback that carries the planner's floors to the C fast path and each wrapped function.
@@ -36,7 +36,7 @@ from ..config import Config
 from ..ledger import Ledger, Record, call_site
 from ..plan.cells import floor_cells, starting_floor
 from . import GUARD
-from .starts import WorkerStarts, counts_unready
+from .starts import WorkerStarts, waits_on_evidence
 
 if TYPE_CHECKING:  # made on first need (D113): their modules load ZeroMQ, msgpack, xxhash, the planner
     import queue
@@ -58,12 +58,12 @@ class Runtime:
 
     def __init__(self, config: Config, publish_floors: FloorPublisher | None = None, export_env: bool = False):
         self._config = config
-        # D281: until a worker is ready calls are counted as made with none ready (if it waits on evidence:
-        # by the evidence's floors)
-        self.ledger = Ledger(trace_io=config.report is not None, unready=counts_unready(config))
+        waits = waits_on_evidence(config)
+        # D281: under auto, until a worker is ready calls are counted as made with none ready (while the
+        # start waits on evidence: by its evidence floors)
+        self.ledger = Ledger(trace_io=config.report is not None, unready=config.policy == "auto" and not waits)
         self.guard = GUARD  # .busy: the shim's own NumPy calls must not re-enter it
         self.local_only = config.policy == "local"
-        self.export_env = export_env
         self._publish = publish_floors
         # the cells every wrapped function reads, from install on; the planner, once made, keeps them
         self._floor_cells = floor_cells(config.policy)
@@ -74,7 +74,7 @@ class Runtime:
         self._calls: "CallPath | None" = None
         # when and how the workers start, with what that waits for; under auto every floor stays NEVER
         # until a worker is ready (Planner.held), but those of the calls that are evidence for a start
-        self.starts = WorkerStarts(config, self.ledger, self._floor_cells, lambda: self.links,
+        self.starts = WorkerStarts(config, waits, self.ledger, self._floor_cells, lambda: self.links,
                                    self._background_thread, self._publish_floors, export_env)
         # whether `@`, `@=` and `.dot` are intercepted, and why not (note_operators)
         self.operators: dict[str, Any] = {"intercepted": False, "why": "not installed", "fast_path": "wrapt"}

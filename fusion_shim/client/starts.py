@@ -29,25 +29,22 @@ if TYPE_CHECKING:
     from .link import WorkerLink
 
 
-def _cpu_deferred(config: Config) -> bool:
-    """D40: an embedded CPU worker under auto on a host with no GPU waits for evidence."""
-    return (config.policy == "auto" and not config.pool and not config.workers and config.worker is None
-            and config.device == "auto" and not embedded.gpu_visible())
-
-
-def counts_unready(config: Config) -> bool:
-    """D281: whether calls are counted as made with no worker ready from install on (under auto, unless
-    the start waits on evidence: then by its evidence floors)."""
-    return config.policy == "auto" and not (config.pool or _cpu_deferred(config))
+def waits_on_evidence(config: Config) -> bool:
+    """Whether the start waits on the program's calls: an embedded CPU worker under auto on a host with
+    no GPU (D40), a pool under auto (D302). Read once, at install (gpu_visible lists /dev)."""
+    if config.policy != "auto":
+        return False
+    return bool(config.pool) or (not config.workers and config.worker is None and config.device == "auto"
+                                 and not embedded.gpu_visible())
 
 
 class WorkerStarts:
-    """The start of one run's workers. ``floor_cells``: the runtime's (the evidence's floors are written
-    there); ``links``: the runtime's links, made on first need; ``background``: starts the runtime's
+    """The start of one run's workers. ``waits``: :func:`waits_on_evidence` of ``config``;
+    ``floor_cells``: the runtime's (the evidence's floors are written there); ``links``: the runtime's links, made on first need; ``background``: starts the runtime's
     background thread; ``publish``: carries floors to the fast path; ``export_env``: children reuse
     this process's worker."""
 
-    def __init__(self, config: Config, ledger: Ledger, floor_cells: dict[str, list[int]],
+    def __init__(self, config: Config, waits: bool, ledger: Ledger, floor_cells: dict[str, list[int]],
                  links: Callable[[], "list[WorkerLink]"], background: Callable[[], Any],
                  publish: Callable[..., None], export_env: bool = False):
         self._config = config
@@ -69,7 +66,7 @@ class WorkerStarts:
         # D302: under auto a pool is opened on evidence too: the program's calls must pay Ray's cost
         self.pool_deferred = bool(config.pool) and config.policy == "auto"
         # read on every call above a floor: while True, the call is evidence (evidence_call)
-        self.deferred = _cpu_deferred(config) or self.pool_deferred
+        self.deferred = waits
         self._evidence: "CpuEvidence | PoolEvidence | None" = None
         self.evidence_floor = NEVER  # the smallest of the evidence's floors while deferred (D40)
         self._cpu_started_s: float | None = None  # when the evidence started the deferred worker

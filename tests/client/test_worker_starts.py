@@ -103,7 +103,7 @@ def test_calls_timed_as_evidence_start_the_deferred_worker_off_the_programs_thre
     config = Config(policy="auto")
     cells, ledger, link, background = floor_cells("auto"), Ledger(), _Link(), threading.Event()
     published = []
-    ws = WorkerStarts(config, ledger, cells, lambda: [link], background.set, lambda *a: published.append(a))
+    ws = WorkerStarts(config, True, ledger, cells, lambda: [link], background.set, lambda *a: published.append(a))
     assert ws.deferred and cells["numpy.fft.fft"][0] == 64 == ws.evidence_floor and cells["numpy.matmul"][0] == NEVER
     ws.start()
     assert not link.started.is_set()
@@ -128,9 +128,12 @@ def test_calls_timed_as_evidence_start_the_deferred_worker_off_the_programs_thre
     assert published == []  # the embedded worker's floors come from its planner, once ready
 
 
-def test_counts_unready_is_false_where_the_start_waits_on_evidence(monkeypatch):
+def test_a_start_waits_on_evidence_under_auto_for_a_pool_or_a_cpu_worker_embedded_here(monkeypatch):
     monkeypatch.setattr(embedded, "gpu_visible", lambda: False)
-    assert not starts.counts_unready(Config(policy="auto"))
-    assert not starts.counts_unready(Config(policy="auto", pool="ray://127.0.0.1:9/p"))
-    assert starts.counts_unready(Config(policy="auto", device="cpu"))
-    assert not starts.counts_unready(Config(policy="remote", worker="tcp://127.0.0.1:9"))
+    assert starts.waits_on_evidence(Config(policy="auto"))
+    assert starts.waits_on_evidence(Config(policy="auto", pool="ray://127.0.0.1:9/p"))
+    assert not starts.waits_on_evidence(Config(policy="auto", device="cpu"))
+    assert not starts.waits_on_evidence(Config(policy="auto", worker="tcp://127.0.0.1:9"))
+    assert not starts.waits_on_evidence(Config(policy="remote", pool="ray://127.0.0.1:9/p"))
+    monkeypatch.setattr(embedded, "gpu_visible", lambda: True)
+    assert not starts.waits_on_evidence(Config(policy="auto"))

@@ -94,15 +94,23 @@ if TYPE_CHECKING:  # D123: the views are for the checker; a Protocol class costs
         def not_ready_why(self) -> str | None:
             """Why the worker is not ready now (None: it is)."""
 
+    class StartsView(Protocol):
+        """What the report reads of when the workers start (client.starts.WorkerStarts)."""
+        deferred: bool  # the start waits on evidence (no GPU here): before it starts, it may have no link
+        pool: Any  # pool.locate.Pool, once opened (its ``ray``: what Ray cost)
+
+        def deferred_why(self) -> str | None:
+            """Why a deferred embedded worker has not started, or on what evidence it did (None: never deferred)."""
+
+        def pool_opening(self) -> str | None:
+            """D302: why the pool was not opened, or on what evidence it was (None: not deferred)."""
+
     class RunView(Protocol):
         """What the report reads of a run (client.runtime.Runtime); it reads only what the run made."""
         config: Config
         ledger: Ledger
         operators: dict[str, Any]
-        deferred: bool  # the embedded worker waits (no GPU here): before it starts, it may have no link
-
-        def deferred_why(self) -> str | None:
-            """Why a deferred embedded worker has not started, or on what evidence it did (None: never deferred)."""
+        starts: StartsView
 
         def made_links(self) -> Sequence[WorkerView]:
             """The worker links made so far."""
@@ -128,9 +136,9 @@ def build(rt: RunView, ledger: Ledger | None = None) -> dict[str, Any]:
         "ready_after_s": link.ready_after_s, "restarts": link.restarts, "info": link.info,
         "not_ready": link.not_ready_why(),  # D286: where a worker that is not ready is in its start
     }
-    if link is None and rt.deferred and not rt.config.pool:
+    if link is None and rt.starts.deferred and not rt.config.pool:
         worker = _deferred_worker()
-    why = rt.deferred_why()
+    why = rt.starts.deferred_why()
     if worker is not None and why is not None:
         worker["cpu_start"] = why
     if worker is not None and worker.get("embedded"):  # D276: its load on this host, evidence for vs_plain
@@ -153,7 +161,7 @@ def build(rt: RunView, ledger: Ledger | None = None) -> dict[str, Any]:
     if rt.config.pool:  # D118: the pool's and the stages' modules load only for a run that has them
         from .pool import pool_section
 
-        report["pool"] = pool_section(rt.config.pool, links, getattr(rt, "pool", None), getattr(rt, "pool_opening", None))
+        report["pool"] = pool_section(rt.config.pool, links, rt.starts.pool, rt.starts.pool_opening)
     if "fusion_shim.stages" in sys.modules:  # a stage's records come from that package alone
         from .stages import stages_section
 

@@ -97,15 +97,15 @@ def test_enough_winnable_work_starts_the_worker_and_the_report_says_on_what_evid
     monkeypatch.setattr("fusion_shim.plan.cpuwins.CPU_WINS", (fft,))
     rt = fusion_shim.install(policy="auto", quiet=True)
     try:
-        assert rt.deferred and rt.floor_cell("numpy.fft.fft")[0] == fft.from_bytes
+        assert rt.starts.deferred and rt.floor_cell("numpy.fft.fft")[0] == fft.from_bytes
         assert rt.floor_cell("numpy.matmul")[0] == NEVER and rt.operator_floors() == (NEVER,) * 3
         x = RNG.standard_normal(fft.from_bytes // 16) + 1j * RNG.standard_normal(fft.from_bytes // 16)
         expected = np.fft.fft(x)  # counted as evidence as well
         for _ in range(200):  # each call saves tens of ms there: a few are enough, 200 far more than that
-            if not rt.deferred:
+            if not rt.starts.deferred:
                 break
             np.testing.assert_allclose(np.fft.fft(x), expected)
-        assert not rt.deferred, "the evidence never started the embedded worker"
+        assert not rt.starts.deferred, "the evidence never started the embedded worker"
         deadline = time.monotonic() + READY_S
         while rt.link.proc is None and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -140,7 +140,7 @@ def test_a_win_the_planner_would_not_act_on_is_no_evidence_and_the_report_says_s
         monkeypatch.setattr(embedded, "gpu_visible", lambda: False)
         rt = fusion_shim.install(policy="auto", quiet=True)
         try:
-            assert rt.deferred and rt.floor_bytes == NEVER
+            assert rt.starts.deferred and rt.floor_bytes == NEVER
             assert all(rt.floor_cell(w.op)[0] == NEVER for w in CPU_WINS)
             assert fusion_shim.report(format="json")["worker"]["cpu_start"].startswith("not started: no op a CPU worker wins")
         finally:

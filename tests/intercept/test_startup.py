@@ -126,8 +126,9 @@ def test_importing_numpy_loads_interception_and_nothing_it_does_not_need(tmp_pat
 # what importing NumPy under the shim loads beyond what plain `import numpy` does: interception alone
 AT_NUMPY = {"fusion_shim", "fusion_shim._hooks", "fusion_shim._native", "fusion_shim.config",
             "fusion_shim.intercept", "fusion_shim.intercept.native", "fusion_shim.intercept.wrappers",
-            "fusion_shim.client", "fusion_shim.client.runtime", "fusion_shim.client.embedded",
-            "fusion_shim.client.rundir", "fusion_shim.procinfo", "fusion_shim.ledger", "fusion_shim.plan",
+            "fusion_shim.client", "fusion_shim.client.runtime", "fusion_shim.client.starts",
+            "fusion_shim.client.embedded", "fusion_shim.client.rundir", "fusion_shim.procinfo", "fusion_shim.ledger",
+            "fusion_shim.plan",
             "fusion_shim.plan.cells", "fusion_shim.plan.cpuwins", "fusion_shim.plan.margins", "fusion_shim.catalog",
             "fusion_shim.catalog.rows", "fusion_shim.catalog.spec",  # the rules load with the call path (D116)
             "fusion_shim._ext",  # only for a source checkout beside an install: its extensions are there

@@ -3,6 +3,7 @@ link), the one resend after a stale mirror, and the reply read back into what Nu
 Every fault raises a :class:`transport.TransportError` (the caller computes the call here)."""
 from __future__ import annotations
 
+import cmath
 import math
 import time
 from typing import Any
@@ -23,6 +24,7 @@ _results: dict[str, type] = {}  # numpy.linalg's result types by name, looked up
 ROUND_TRIP_SLACK = 1.05
 ROUND_TRIP_SLACK_S = 1e-3
 NONFINITE_SLICE = 1 << 20  # D200: elements looked at per slice: a 1 MiB mask whatever the result's size
+_all = np.logical_and.reduce  # D343: what ndarray.all calls, without its Python wrapper
 
 
 class WorkerFault(transport.TransportError):
@@ -236,10 +238,15 @@ def nonfinite(arrays: list) -> bool:
     """Whether a floating result holds inf or nan. D200: ``isfinite`` raises no flag and beats a sum
     under ``errstate`` at every size; a large result is looked at in slices (its mask stays small)."""
     for a in arrays:
-        if a.dtype.kind not in "fc" or not a.size:
+        kind, size = a.dtype.kind, a.size
+        if kind not in "fc" or not size:
             continue
-        if a.size <= NONFINITE_SLICE or not (a.flags.c_contiguous or a.flags.f_contiguous):
-            if not np.isfinite(a).all():
+        if size == 1 and a.dtype.itemsize <= (8 if kind == "f" else 16):  # D343: as a Python number (long double is wider)
+            if not (math.isfinite(a.item()) if kind == "f" else cmath.isfinite(a.item())):
+                return True
+            continue
+        if size <= NONFINITE_SLICE or not (a.flags.c_contiguous or a.flags.f_contiguous):
+            if not _all(np.isfinite(a), axis=None):
                 return True
             continue
         flat = a.ravel(order="K")  # a view: the result is contiguous in its own order

@@ -192,15 +192,17 @@ def send_tracked(sock: zmq.Socket, frames: Sequence[Any], prefix: Sequence[bytes
     tracker is done once libzmq has let go of the frame (written it out, or dropped its connection)."""
     if not frames:
         raise ValueError("a message has one frame or more")
+    send = _socket_send if type(sock) is zmq.Socket else _send_wrapped  # D343: a small reply's path is send_frames'
     last = len(frames) - 1
     for part in prefix:
-        sock.send(part, _SNDMORE, copy=True)
+        send(sock, part, _SNDMORE, True)
     total, tracked = 0, []
     for i, part in enumerate(frames):
-        n = frame_bytes(part)
+        cls = part.__class__
+        n = len(part) if cls is bytes else part.nbytes if cls is _ndarray else frame_bytes(part)
         total += n
-        if n < _ZERO_COPY_MIN:
-            sock.send(part, _SNDMORE if i < last else 0, copy=True)
+        if n < _ZERO_COPY_MIN:  # copied: libzmq holds nothing of ours, nothing to track
+            send(sock, part, _SNDMORE if i < last else 0, True)
         elif (tracker := sock.send(part, _SNDMORE if i < last else 0, copy=False, track=True)) is not None:
             tracked.append((tracker, n))  # None: a zmq.Frame made untracked, let go of when sent
     return total, tracked

@@ -219,3 +219,17 @@ def test_the_operators_and_the_dot_method_honour_the_error_state_too(shim):
         with pytest.raises(FloatingPointError, match="invalid value encountered in dot"):
             a.dot(b)
     assert last_record(shim).kind == "raised"
+
+
+@pytest.mark.parametrize("dtype", ["f2", "f4", "f8", "c8", "c16", "g"])
+@pytest.mark.parametrize("shape", [(), (1,), (1, 1), (5,)])
+def test_a_result_is_found_nonfinite_exactly_where_isfinite_says_so(dtype, shape):
+    from fusion_shim.client.remote import nonfinite
+
+    values = [1.0, np.inf, -np.inf, np.nan, complex(1, np.nan), complex(np.inf, 0)]
+    for v in values if np.dtype(dtype).kind == "c" else values[:4]:
+        a = np.ones(shape, dtype)
+        a.flat[-1] = v
+        assert nonfinite([a]) == (not np.isfinite(a).all()), (dtype, shape, v)
+    big = np.array([np.longdouble("1e400") if dtype == "g" else 1.0], dtype)  # finite past float64's range
+    assert nonfinite([big]) == (not np.isfinite(big).all())

@@ -104,8 +104,7 @@ class WorkerLink:
         return self._state
 
     @property
-    def stopped(self) -> bool:
-        """After stop(): no restart, no probe (a late thread must not respawn)."""
+    def stopped(self) -> bool:  # after stop(): no restart, no probe (a late thread must not respawn)
         return self._state is LinkState.STOPPED
 
     def _become(self, state: LinkState) -> bool:

@@ -48,6 +48,24 @@ class Prepared:
     def __repr__(self) -> str:
         return f"Prepared({self.spec.name!r}, results={self.results!r}, flops={self.flops!r})"
 
+    def returned(self, arrays: list[ndarray]) -> Any:
+        """NumPy's return value from the computed arrays, each already of its result's dtype char
+        (D199): axis-order layouts transposed back, then ``finish``, a named tuple, ``out=`` or a
+        0-d scalar, as NumPy returns it. The client (a worker's reply) and a stage process's
+        device calls both build it here."""
+        arrays = [a.transpose(np.argsort(lay)) if isinstance(lay, list) else a for a, lay in zip(arrays, self.layouts)]
+        if self.finish is not None:  # the row's own assembly: NumPy's cheap epilogue
+            return self.finish(arrays)
+        if self.returns != "array":
+            return _result_type(self.returns)(*arrays)
+        result = arrays[0]
+        if self.out is not None:
+            np.copyto(self.out, result)
+            return self.out[()] if self.scalar_out and self.out.ndim == 0 else self.out
+        if self.scalar_0d and result.ndim == 0:
+            return result[()]
+        return result
+
     @property
     def bytes_in(self) -> int:
         return sum(a.nbytes for a in self.arrays)
@@ -55,6 +73,17 @@ class Prepared:
     @property
     def bytes_out(self) -> int:
         return sum(math.prod(s) * d.itemsize for d, s in self.results)
+
+
+_results: dict[str, type] = {}  # numpy.linalg's result types by name, looked up once
+
+
+def _result_type(name: str) -> type:
+    cls = _results.get(name)
+    if cls is None:
+        from numpy.linalg import _linalg
+        cls = _results[name] = getattr(_linalg, name)
+    return cls
 
 
 # --- dtypes ----------------------------------------------------------------------------------------

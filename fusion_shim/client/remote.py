@@ -19,7 +19,6 @@ from .link import WorkerLink
 from .repeat import Template
 from .residency import Mirror, Wired
 
-_results: dict[str, type] = {}  # numpy.linalg's result types by name, looked up once
 # the worker's own times must fit in the round trip that carried them (two clocks: a little slack)
 ROUND_TRIP_SLACK = 1.05
 ROUND_TRIP_SLACK_S = 1e-3
@@ -219,19 +218,7 @@ def assemble(prep: Prepared, arrays: list, checked: bool = False) -> Any:
     arrays = [a if a.flags.aligned and a.dtype.char == dt.char else
               (a.view(dt) if a.flags.aligned else a.copy(order="K").view(dt))
               for a, (dt, _) in zip(arrays, prep.results)]
-    arrays = [a.transpose(np.argsort(lay)) if isinstance(lay, list) else a
-              for a, lay in zip(arrays, prep.layouts)]
-    if prep.finish is not None:  # the row's own assembly: NumPy's cheap epilogue, here
-        return prep.finish(arrays)
-    if prep.returns != "array":
-        return _result_type(prep.returns)(*arrays)
-    result = arrays[0]
-    if prep.out is not None:
-        np.copyto(prep.out, result)
-        return prep.out[()] if prep.scalar_out and prep.out.ndim == 0 else prep.out
-    if prep.scalar_0d and result.ndim == 0:
-        return result[()]
-    return result
+    return prep.returned(arrays)
 
 
 def nonfinite(arrays: list) -> bool:
@@ -266,9 +253,3 @@ def _check_results(prep: Prepared, arrays: list) -> None:
             raise transport.BadReply(f"result {arr.dtype}{list(arr.shape)}, expected {dtype}{list(shape)}")
 
 
-def _result_type(name: str) -> type:
-    cls = _results.get(name)
-    if cls is None:
-        from numpy.linalg import _linalg
-        cls = _results[name] = getattr(_linalg, name)
-    return cls

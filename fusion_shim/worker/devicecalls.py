@@ -218,20 +218,7 @@ def assemble(prep: Any, arrays: list) -> Any:
     (D199: NumPy's result names its dtype by char, 'q' is not 'l'; an axis-order layout comes back
     transposed to that order)."""
     arrays = [a if a.dtype.char == dt.char else a.view(dt) for a, (dt, _) in zip(arrays, prep.results)]
-    arrays = [a.transpose(np.argsort(lay)) if isinstance(lay, list) else a for a, lay in zip(arrays, prep.layouts)]
-    if prep.finish is not None:
-        return prep.finish(arrays)
-    if prep.returns != "array":
-        from numpy.linalg import _linalg
-
-        return getattr(_linalg, prep.returns)(*arrays)
-    result = arrays[0]
-    if prep.out is not None:
-        np.copyto(prep.out, result)
-        return prep.out[()] if prep.scalar_out and prep.out.ndim == 0 else prep.out
-    if prep.scalar_0d and result.ndim == 0:
-        return result[()]
-    return result
+    return prep.returned(arrays)
 
 
 def on_device(device: str) -> DeviceCalls:

@@ -18,6 +18,8 @@ how far the first call of each op and size on it came out from the curve it was 
 (D83), added to every prediction read off a curve; an op's own measured calls are unaffected.
 The local model's counterpart, per family and dtype: how far the first call of each op read off
 another op's curve or the prior came out from it, added to the next such readings (D331).
+Where the local side has nothing but the prior for an op a worker timed, the prior is averaged (in
+logs) with this host's GEMM curve scaled by that op's rate against GEMM on the worker (*kin*, D348).
 
 Every prediction comes with ``sigma``, the uncertainty of its log: large for a prior, smaller for
 a calibration curve, shrinking as 1/sqrt(samples) once a bucket has measurements. The policy turns
@@ -65,6 +67,8 @@ SIGMA_PRIOR = 1.0               # a rate from PRIOR_GFLOPS
 SIGMA_CURVE = 0.25              # a rate read off a measured curve (best of three runs, same op and device)
 SIGMA_OTHER = 0.5               # added: another dtype's curve, or another op's of the family
 SIGMA_PER_BUCKET = 0.15         # added per bucket between the call and the nearest measured bucket
+# D348: the prior and a worker's op-to-GEMM ratio on this host's GEMM, two guesses of the prior's spread, averaged
+SIGMA_KIN = SIGMA_PRIOR / math.sqrt(2.0)
 EWMA_AFTER = 8                  # past this many samples a bucket forgets (tracks drift) at 1/8
 MAX_DRIFT = math.log(20.0)      # one call's say in a model's drift is clipped to 20x either way
 MAX_RATE = 1e17                 # flop/s: a measured point beyond this (1,000x an H200) is not believed
@@ -146,6 +150,8 @@ class RateModel:
         # another op's curve or the prior came out from that reading, added to the next such readings
         self.learn_siblings = learn_siblings
         self.siblings: dict[tuple[str, str], list[float]] = {}
+        # D348: (op, dtype) -> (log flops, log of the op's rate over GEMM's) as a worker timed them
+        self.kin: dict[tuple[str, str], list[tuple[float, float]]] = {}
 
     # -- knowledge in -------------------------------------------------------------------------------
     def set_curve(self, family: str, dtype: str, points: list[tuple[float, float]]) -> None:
@@ -161,6 +167,19 @@ class RateModel:
         pts = _log_points(points)
         if pts:
             self.op_curves[(op, dtype)] = pts
+
+    def set_kin(self, op: str, dtype: str, offsets: list[tuple[float, float]]) -> None:
+        """An op's log rate over GEMM's as another device timed it (:meth:`gemm_offsets`): read, with
+        this model's GEMM curve, where this model knows the op by nothing but its prior (D348)."""
+        if offsets:
+            self.kin[(op, dtype)] = sorted(offsets)
+
+    def gemm_offsets(self, op: str, dtype: str) -> list[tuple[float, float]]:
+        """Where this device timed ``op`` on its own: (log flops, its log rate less GEMM's there)."""
+        own, gemm = self.op_curves.get((op, dtype)), self.curves.get(("products", dtype))
+        if own is None or gemm is None:
+            return []
+        return [(x, y - _interp(gemm, x)) for x, y in own]
 
     def observe(self, op: str, family: str, dtype: str, flops: float, seconds: float,
                 force: bool = False) -> str | None:
@@ -242,7 +261,12 @@ class RateModel:
             if fam == family and dt in DTYPE_SPEED:
                 return (_interp(other, lf) + math.log(speed / DTYPE_SPEED[dt]),
                         SIGMA_CURVE + SIGMA_OTHER + extra + _beyond(other, lf), False)
-        return math.log(self.prior.get(family, 1.0) * 1e9 * speed), SIGMA_PRIOR, False
+        prior = math.log(self.prior.get(family, 1.0) * 1e9 * speed)
+        kin, gemm = self.kin.get((op, dtype)), self.curves.get(("products", dtype))
+        if kin is not None and gemm is not None and family != "products":
+            # D348: another device's ratio to GEMM on this one's GEMM: a guess as wide as the prior, not of it
+            return (prior + _interp(gemm, lf) + _interp(kin, lf)) / 2, SIGMA_KIN, False
+        return prior, SIGMA_PRIOR, False
 
     def predict(self, op: str, family: str, dtype: str, flops: float) -> tuple[float, float, int]:
         """(seconds, sigma of its log, samples in its bucket)."""

@@ -145,6 +145,8 @@ class Planner:
         key = (call.family, call.dtype)
         if key not in self._wanted and self.policy != "local":
             self._want(key)  # a cached local curve is read on first use: it is part of what is priced
+        if call.family != "products" and ("products", call.dtype) not in self._wanted and self.policy != "local":
+            self._want(("products", call.dtype))  # D348: this host's GEMM curve reads the ops a worker timed
         budget = self.explore_fraction * self.intercepted_s - self.explore_spent_s if explore else 0.0
         return decide(self.policy, call, self.profile, workers, budget, self.min_flops)
 
@@ -262,6 +264,8 @@ class Planner:
                                                                    if isinstance(p, (list, tuple)) and len(p) == 2])
                             model.benchmarked = True
                 self._seed_ops(model, bench.get("ops"))
+                for op, dtype in list(model.device.op_curves):  # D348: its op-to-GEMM ratios, for this host's priors
+                    self.profile.local.set_kin(op, dtype, model.device.gemm_offsets(op, dtype))
                 if not model.benchmarked:  # an older worker: one float64 rate per family
                     for family in FAMILIES:
                         rate = bench.get(family)

@@ -297,7 +297,8 @@ def test_auto_never_waits_for_a_cold_worker_and_floors_are_per_op(tmp_path):
         assert time.perf_counter() - t < 5 * plain + 0.5  # not waited for
         assert not [r for r in rt.ledger.records if r.op == "numpy.linalg.svd"]
         assert rt.floor_bytes == NEVER and rt.floor_cell("numpy.linalg.svd")[0] == NEVER
-        assert rt.link.state == "starting"
+        # no worker there: the link is starting, or down once its first probe failed (sooner on a busy machine)
+        assert rt.link.state in ("starting", "down") and not rt.link.ready.is_set()
         rt.planner.worker_ready(0, {"products": 50.0, "linalg": 10.0, "fft": 3.0}, 1e-4)  # as its hello would
         cells = {op: rt.floor_cell(op)[0] for op in ("numpy.matmul", "numpy.linalg.svd")}
         assert 0 < cells["numpy.linalg.svd"] < cells["numpy.matmul"] < NEVER

@@ -225,9 +225,10 @@ class CallPath:
         wired = Wired(prep.arrays)
         rec.phases["fingerprint"] = spent = time.perf_counter() - t
         self.hash_rate.observe(wired.hashed, spent)
-        to_send = [wired.to_send(link.mirror, self.reuse) for link in self.links]
+        # D349: a reused input's upload is shared over its reuse once it recurs at a site (a loop)
+        to_send = [wired.to_send(link.mirror, self.reuse, rec.site) for link in self.links]
         inputs_up = min(wired.least_to_send(link.mirror, self.reuse) for link in self.links)
-        self.reuse.note(wired.fps)
+        self.reuse.note(wired.fps, rec.site)
         return wired, to_send, inputs_up
 
     def _would_offload_if_resident(self, spec: OpSpec, call: plan.Call) -> bool:

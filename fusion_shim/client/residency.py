@@ -37,29 +37,35 @@ class HashRate:
 
 
 REUSE_CAP = 3  # an input seen in k earlier calls is expected in about k more, at most this many
+SITES_KEPT = 8  # D349: call sites remembered per input (the most recent): a loop's site recurs among them
 
 
 class Reuse:
     """How many of this process's remote-candidate calls each input (by fingerprint) was an input
-    of, least recently used forgotten first. A chain of calls reusing one large matrix then prices
-    that matrix's upload over the calls it will serve: uploaded once, it stays on the worker (D32: a
-    call that pays only once its inputs are there was otherwise never the first to go)."""
+    of, and from which call sites, least recently used forgotten first. A chain of calls reusing one
+    large matrix then prices that matrix's upload over the calls it will serve: uploaded once, it
+    stays on the worker (D32: a call that pays only once its inputs are there was otherwise never
+    the first to go). D349: only once the input recurs at a site that passed it before (a loop over
+    unchanged data); passed by other sites only (straight-line code), no more use is in sight."""
 
     def __init__(self, size: int = 1024) -> None:
-        self._seen: OrderedDict[str, int] = OrderedDict()
+        self._seen: OrderedDict[str, tuple[int, tuple[str, ...]]] = OrderedDict()
         self._size = size
         self._lock = threading.Lock()
 
     def count(self, fp: str) -> int:
         with self._lock:
-            return self._seen.get(fp, 0)
+            return self._seen.get(fp, (0, ()))[0]
 
-    def note(self, fps: Any) -> None:
-        """One more call had these inputs (None: an input too small to keep)."""
+    def note(self, fps: Any, site: str | None = None) -> None:
+        """One more call, at ``site``, had these inputs (None: an input too small to keep)."""
         with self._lock:
             for fp in fps:
                 if fp is not None:
-                    self._seen[fp] = self._seen.get(fp, 0) + 1
+                    k, sites = self._seen.get(fp, (0, ()))
+                    if site is not None and site not in sites:
+                        sites = (sites + (site,))[-SITES_KEPT:]
+                    self._seen[fp] = (k + 1, sites)
                     self._seen.move_to_end(fp)
             while len(self._seen) > self._size:
                 self._seen.popitem(last=False)
@@ -69,10 +75,15 @@ class Reuse:
         its upload split over the most calls the pricing expects; one never seen: all of it)."""
         return 1.0 if fp is None or not self.count(fp) else 1.0 / (REUSE_CAP + 1)
 
-    def share(self, fp: str | None) -> float:
-        """The share of an input's upload one call is priced: an input seen in k earlier calls is
-        expected in about k more (at most REUSE_CAP), its upload split over them and this one."""
-        return 1.0 if fp is None else 1.0 / (min(self.count(fp), REUSE_CAP) + 1)
+    def share(self, fp: str | None, site: str | None = None) -> float:
+        """The share of an input's upload one call at ``site`` is priced: an input seen in k earlier
+        calls is expected in about k more (at most REUSE_CAP), its upload split over them and this
+        one; D349: in full where ``site`` never passed it before (None: any site counts)."""
+        if fp is None:
+            return 1.0
+        with self._lock:
+            k, sites = self._seen.get(fp, (0, ()))
+        return 1.0 if site is not None and site not in sites else 1.0 / (min(k, REUSE_CAP) + 1)
 
 
 class Mirror:
@@ -138,16 +149,16 @@ class Wired:
     def refs_in(self, mirror: Mirror) -> list[int]:
         return [i for i, fp in enumerate(self.fps) if fp is not None and fp in mirror]
 
-    def to_send(self, mirror: Mirror, reuse: Reuse) -> tuple[int, int]:
+    def to_send(self, mirror: Mirror, reuse: Reuse, site: str | None = None) -> tuple[int, int]:
         """(input bytes a worker with ``mirror`` is priced for, bytes of inputs reused here whose
         upload is priced over their reuse): what it holds costs nothing, what this process keeps
-        reusing costs its share (residency.Reuse), the rest in full."""
+        reusing at ``site`` costs its share (residency.Reuse), the rest in full."""
         held = set(self.refs_in(mirror))
         priced = reused = 0.0
         for i, (fp, size) in enumerate(zip(self.fps, self.sizes)):
             if i in held:
                 continue
-            share = reuse.share(fp)
+            share = reuse.share(fp, site)
             priced += size * share
             reused += size if share < 1.0 else 0
         return int(priced), int(reused)

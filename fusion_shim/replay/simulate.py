@@ -11,7 +11,8 @@ interceptor's fast path.
 
 Residency follows the recorded buffer tokens (``ledger.Buffers``): an input the simulated worker
 holds (uploaded earlier, or a result it computed) is not sent again; inputs under RESIDENT_MIN never
-are kept. An input reused by earlier calls is priced by its share of one upload (as residency.Reuse).
+are kept. An input reused by earlier calls is priced by its share of one upload once it recurs at a
+site that passed it before (as residency.Reuse, D349).
 """
 from __future__ import annotations
 
@@ -72,6 +73,7 @@ class WorkerSim:
         self.held: OrderedDict[int, int] = OrderedDict()
         self.capacity = capacity
         self.seen: dict[int, int] = defaultdict(int)
+        self.sites: dict[int, set[str]] = defaultdict(set)  # D349: the call sites that passed each input
         # (op class, dtype) the worker has run: its handles and workspaces exist. D291: its self-benchmark
         # ran every class in the dtypes it times, so a warm worker pays warm-up only outside them
         self.warm: set[tuple[str, str]] = {(cls, dt) for cls in ("gemm", "fft", "factor") for dt in BENCH_DTYPES}
@@ -83,7 +85,8 @@ class WorkerSim:
         for tok, size in step.inputs:
             if size >= RESIDENT_MIN and tok in self.held:
                 continue
-            share = 1.0 if size < RESIDENT_MIN else 1.0 / (min(self.seen[tok], REUSE_CAP) + 1)
+            looped = step.site in self.sites.get(tok, ())
+            share = 1.0 if size < RESIDENT_MIN or not looped else 1.0 / (min(self.seen[tok], REUSE_CAP) + 1)
             priced += size * share
             reused += size if share < 1.0 else 0
         return int(priced), int(reused)
@@ -95,6 +98,7 @@ class WorkerSim:
         for tok, size in step.inputs:
             if size >= RESIDENT_MIN:
                 self.seen[tok] += 1
+                self.sites[tok].add(step.site)
 
     def ran(self, step: Step) -> None:
         if step.call is not None:

@@ -304,6 +304,33 @@ def test_reuse_prices_an_inputs_upload_over_the_calls_it_serves():
     assert wired.to_send(mirror, reuse) == (a.nbytes // 2 + small.nbytes, a.nbytes)
 
 
+def test_reuse_is_priced_only_once_an_input_recurs_at_a_site_that_passed_it():
+    """D349: a loop passes its input again from the same line; straight-line code passing one matrix
+    to a few other lines shows no use to come, and its upload is priced in full there."""
+    from fusion_shim.client.residency import REUSE_CAP, SITES_KEPT, Mirror, Reuse
+    from fusion_shim.client.residency import Wired as _Wired
+
+    reuse = Reuse()
+    reuse.note(["a"], "p.py:1")
+    assert reuse.share("a", "p.py:2") == 1.0                       # another line: straight-line code
+    assert reuse.share("a", "p.py:1") == pytest.approx(1 / 2)      # the same line again: a loop
+    assert reuse.share("a") == pytest.approx(1 / 2)                # no site given: any earlier call counts
+    reuse.note(["a"], "p.py:2")
+    assert reuse.share("a", "p.py:2") == pytest.approx(1 / 3)      # now a recurring site: all its calls count
+    for i in range(SITES_KEPT + 1):                                # the most recent sites are kept
+        reuse.note(["a"], f"q.py:{i}")
+    assert reuse.share("a", "p.py:1") == 1.0
+    assert reuse.share("a", f"q.py:{SITES_KEPT}") == pytest.approx(1 / (REUSE_CAP + 1))
+    assert reuse.least_share("a") == pytest.approx(1 / (REUSE_CAP + 1))
+
+    a = RNG.standard_normal((400, 400))
+    wired = _Wired([a])
+    mirror, reuse = Mirror(), Reuse()
+    reuse.note(wired.fps, "p.py:1")
+    assert wired.to_send(mirror, reuse, "p.py:2") == (a.nbytes, 0)
+    assert wired.to_send(mirror, reuse, "p.py:1") == (a.nbytes // 2, a.nbytes)
+
+
 def test_a_chain_reusing_a_matrix_goes_to_the_worker_once_its_upload_is_shared(store_worker):
     """A call that pays only once its large input is on the worker: priced in full, the upload loses
     every time; priced over the calls that keep passing that input, the chain moves, and the input

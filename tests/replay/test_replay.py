@@ -71,6 +71,22 @@ def test_a_reused_input_is_uploaded_once():
     assert remote.up == n_bytes * (len(steps) + 1)  # the shared matrix once, each other input once
 
 
+def test_the_replay_prices_reuse_as_the_client_does_only_at_a_recurring_site():
+    """D349, as residency.Reuse: a matrix passed by two lines once each is priced in full; passed
+    again by a line that passed it, its upload is split over the calls seen."""
+    n = 2048 * 2048 * 8
+    call = Call("numpy.matmul", "products", "f8", 2.0 * 2048**3, 2 * n, n)
+
+    def step(i, site):
+        return simulate.Step(i, site, "numpy.matmul", call, 0.1, 0.0, [(1, n), (100 + i, n)], [(1000 + i, n)], 1.0)
+
+    sim = simulate.WorkerSim(1e12)
+    sim.note(step(0, "p.py:1"))
+    assert sim.priced_up(step(1, "p.py:2")) == (2 * n, 0)
+    sim.note(step(1, "p.py:2"))
+    assert sim.priced_up(step(2, "p.py:1")) == (n // 3 + n, n)
+
+
 def test_buffers_give_a_live_array_one_token_and_each_result_a_new_one():
     buffers = Buffers()
     a, b = np.ones((4, 4)), np.ones((4, 4))

@@ -133,12 +133,11 @@ def decide(policy: str, call: Call, profile: Profile, workers: Sequence[WorkerSt
         return Decision("worker", f"predicted {_ms(remote_s)}{where} < {_ms(local_s)} here (margin x{margin:.2f})"
                         f"{invest}", local_s, remote_s, best, False, sigma_l, sigma_r)
     # exploration: the slower-looking place, when it could win and its price fits the budget; D88:
-    # never over a link not yet measured, nor against a local side known only by its prior; D348: one
-    # priced free needs no budget left (the program's first call has none yet), an overspent one stops it
+    # never over a link not yet measured, nor against a local side known only by its prior
     cost_sigma = math.hypot(sigma_r, SIGMA_SHARED_CPUS_EXPLORE) if workers[best].contended else sigma_r
     if (n_r < EXPLORE_SAMPLES and (link_free or profile.workers[best].link.measured) and sigma_l < SIGMA_PRIOR
             and remote_s * math.exp(-Z_EXPLORE * sigma_r) < local_s
-            and 0 <= explore_left_s and remote_s * math.exp(Z_EXPLORE_COST * cost_sigma) - local_s <= explore_left_s):
+            and 0 < explore_left_s and remote_s * math.exp(Z_EXPLORE_COST * cost_sigma) - local_s <= explore_left_s):
         return Decision("worker", f"exploring{where}: predicted {_ms(remote_s)} there vs {_ms(local_s)} here, "
                         f"{n_r} samples", local_s, remote_s, best, True, sigma_l, sigma_r)
     return Decision("local", f"predicted {_ms(local_s)} here <= {_ms(remote_s)}{where or ' on the worker'} "

@@ -1,6 +1,5 @@
 """D348: an op this host knows by nothing but its prior, yet a worker timed against its own GEMM,
-is read here halfway (in logs) between the prior and this host's GEMM curve at the worker's ratio;
-and an exploration priced free needs no budget left, so the program's first call may be one."""
+is read here halfway (in logs) between the prior and this host's GEMM curve at the worker's ratio."""
 import math
 
 import pytest
@@ -79,16 +78,3 @@ def test_a_ready_worker_lends_its_ratios_and_a_linalg_call_reads_this_hosts_cach
     assert ("products", "f8") not in planner.profile.local.curves
     d = planner.decide(svd_call(), READY)
     assert ("products", "f8") in planner.profile.local.curves and d.local_sigma == SIGMA_KIN
-
-
-def test_an_exploration_priced_free_needs_no_budget_left_but_an_overspent_one_stops_it():
-    """The program's first decided call has no budget yet (2% of nothing): a worker that even priced
-    pessimistically beats this host's prediction, short of the margin, is tried all the same."""
-    p = with_kin(worker_svd=20.0)
-    p.workers[0].device.set_op_curve(SVD, "f8", [(1e9, 1e9 / 8.0e9)])  # ~1.8x the kin reading: no margin
-    call = svd_call(n_bytes=1 << 10)
-    d = decide("auto", call, p, READY, explore_left_s=0.0)
-    assert d.where == "worker" and d.explore
-    assert d.remote_s * math.exp(d.remote_sigma) < d.local_s < d.remote_s * math.exp(math.hypot(d.local_sigma,
-                                                                                          d.remote_sigma))
-    assert decide("auto", call, p, READY, explore_left_s=-1e-3).where == "local"

@@ -7,8 +7,9 @@ clients learn it, and give theirs, through :meth:`PoolWorker.join`, over Ray's a
 channel. A worker serves only the keys it was given (``auth.AllowList``).
 
 Started with ``allow_code`` (``pool up --allow-code``) it runs stages for the clients it serves, in
-the plain worker's stage processes (:mod:`fusion_shim.worker.stages`). It records itself on its host
-and watches its raylet: once that is gone it stops serving and exits (:mod:`.host`, D265, D266).
+the plain worker's stage processes (:mod:`fusion_shim.worker.stages`), whose sandbox also keeps out
+Ray's token files (D344). It records itself on its host and watches its raylet: once that is gone it
+stops serving and exits (:mod:`.host`, D265, D266).
 
 Its resident store's budget, unless ``pool up --memory-budget`` sets it, is the single worker's
 default split evenly among the pool's workers on its host (``sharing``, counted by :mod:`.manage`),
@@ -30,8 +31,10 @@ class PoolWorker:
         import zmq
 
         from ..auth import AllowList
+        from ..worker import isolation
         from ..worker.server import Worker, serve
         from . import host
+        from .cluster import token_files
 
         self.name = name
         context = ray.get_runtime_context()
@@ -48,6 +51,9 @@ class PoolWorker:
         device = resolve(device)
         if memory_budget is None:
             memory_budget = host_share(device, sharing)
+        if allow_code:  # D344: Ray's token, like a --keys directory, out of every stage's reach
+            for path in token_files(os.environ):
+                isolation.protect(path)
         # D269: the plain worker's stages, for every principal: each one is a key given through join
         self._worker = Worker(device, memory_budget, allow_code="any" if allow_code else None)
 

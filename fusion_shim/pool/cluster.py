@@ -75,10 +75,14 @@ def probe(address: str, env: Mapping[str, str], on_spawn: Callable[[subprocess.P
 
 def token_file(env: Mapping[str, str]) -> str | None:
     """The file Ray reads its token from, as Ray looks for it; None where the token is in the environment."""
-    if env.get("RAY_AUTH_TOKEN"):
-        return None
-    home = env.get("HOME") or os.path.expanduser("~")
-    return env.get("RAY_AUTH_TOKEN_PATH") or os.path.join(home, ".ray", "auth_token")
+    return None if env.get("RAY_AUTH_TOKEN") else token_files(env)[0]
+
+
+def token_files(env: Mapping[str, str]) -> list[str]:
+    """Every file Ray may read a token from, in Ray's order: ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``
+    (D344: a pool worker keeps them all out of its stages' sandbox)."""
+    default = os.path.join(env.get("HOME") or os.path.expanduser("~"), ".ray", "auth_token")
+    return list(dict.fromkeys(p for p in (env.get("RAY_AUTH_TOKEN_PATH"), default) if p))
 
 
 def exposed_token(env: Mapping[str, str]) -> str | None:

@@ -243,13 +243,15 @@ def down(address: str, name: str = "default", timeout: float = 30.0, log: Callab
     return stopped
 
 
-TABLE = ("worker", "node", "device", "state", "calls", "resident", "budget")
+TABLE = ("worker", "node", "pid", "device", "state", "calls", "resident", "budget")
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    """``pool status`` (and ``pool up``) as text: one line per worker."""
-    cells = [TABLE] + [(r["name"], str(r.get("node", "-")), _device(r), str(r.get("state", "-")),
-                        str(r.get("calls", "-")), size_text(r.get("resident_bytes")), _budget(r)) for r in rows]
+    """``pool status`` (and ``pool up``) as text: one line per worker; its node and pid as ``pool down``
+    names it."""
+    cells = [TABLE] + [(r["name"], str(r.get("node", "-")), str(r.get("pid", "-")), _device(r),
+                        str(r.get("state", "-")), str(r.get("calls", "-")), size_text(r.get("resident_bytes")),
+                        _budget(r)) for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(TABLE))]
     return "\n".join("  ".join(c[i].ljust(widths[i]) for i in range(len(TABLE))).rstrip() for c in cells)
 

@@ -135,11 +135,12 @@ def landlock_abi() -> int:
     return max(ret, 0)
 
 
-KEY_DIRS: set[str] = set()  # D215: the --keys directories of the workers this process serves
+KEY_DIRS: set[str] = set()  # D215: the --keys directories of the workers this process serves; D344: token files
 
 
 def protect(keys: str) -> str:
-    """Keep ``keys`` (a worker's ``--keys`` directory) out of every stage process's sandbox; returns it."""
+    """Keep ``keys`` (a worker's ``--keys`` directory, or a secret file: a pool's Ray token, D344) out of
+    every stage process's sandbox; returns it."""
     KEY_DIRS.add(os.path.realpath(keys))
     return keys
 

@@ -2,6 +2,7 @@
 for the test (mode 0600, never ``~/.ray``) and a head started with ``ray start --block``."""
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -42,15 +43,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_head(directory: Path, env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    """A head node (no dashboard, one CPU), its processes in one process group; returns it and its address."""
+def start_head(directory: Path, env: dict[str, str], cwd: Path | None = None) -> tuple[subprocess.Popen, str]:
+    """A head node (no dashboard, one CPU), its processes in one process group, started in ``cwd``;
+    returns it and its address."""
     port = free_port()
     temp = directory / "ray"
     cmd = [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "1",
            "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", str(temp)]
     with open(directory / "ray-start.log", "w") as log:
         proc = subprocess.Popen(cmd, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
-                                stdout=log, stderr=subprocess.STDOUT)
+                                stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
     deadline = time.monotonic() + START_DEADLINE_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -100,6 +102,19 @@ def start_node(directory: Path, env: dict[str, str], head: str, num_gpus: int) -
         time.sleep(0.2)
     stop_head(proc)
     raise RuntimeError("ray start (a node) did not finish")
+
+
+def records(env: dict[str, str], pool: str) -> list[dict]:
+    """The pool's workers recorded on this host (every one ever started here and not yet reaped)."""
+    from fusion_shim.pool import host
+
+    directory = Path(host.state_dir(env))
+    found = []
+    for path in sorted(directory.glob("*.json")) if directory.exists() else ():
+        entry = json.loads(path.read_text())
+        if entry["pool"] == pool:
+            found.append(entry)
+    return found
 
 
 def children(pid: int) -> list[int]:

@@ -34,11 +34,12 @@ def test_sizes_read_as_memory_budget_reads_them(n, text):
 
 
 def test_the_table_shows_each_workers_budget_and_how_many_share_its_host():
-    rows = [{"name": "p.0", "node": "abcd1234@10.0.0.1", "device": "cpu", "state": "ready", "calls": 3,
+    rows = [{"name": "p.0", "node": "abcd1234@10.0.0.1", "pid": 4321, "device": "cpu", "state": "ready", "calls": 3,
              "resident_bytes": 1 << 20, "memory_budget": 2 << 30, "sharing": 2},
             {"name": "p.1", "node": "ef012345@10.0.0.2", "device": "cpu", "state": "ready",
              "memory_budget": 4 << 30, "sharing": 1}]
     lines = manage.table(rows).splitlines()
-    assert lines[0].split() == ["worker", "node", "device", "state", "calls", "resident", "budget"]
+    assert lines[0].split() == ["worker", "node", "pid", "device", "state", "calls", "resident", "budget"]
     cells = [re.split(r"\s{2,}", ln) for ln in lines[1:]]
+    assert [c[:3] for c in cells] == [["p.0", "abcd1234@10.0.0.1", "4321"], ["p.1", "ef012345@10.0.0.2", "-"]], lines
     assert [c[-2:] for c in cells] == [["1.0M", "2.0G (2 on its host)"], ["-", "4.0G"]], lines

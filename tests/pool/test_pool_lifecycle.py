@@ -1,8 +1,8 @@
 """A pool's life on an EMULATED cluster of three nodes on this host (a head without GPUs and two
 nodes with one logical GPU each, every node a raylet of its own in its own process group, loopback
 only): `pool up` waits aloud and leaves nothing placed when it gives up, workers are named by their
-node, a worker whose raylet dies exits, `pool down` leaves no process behind, and `--allow-code`
-is what lets a pool worker run stages. The commands run as the user runs them, each in a process of
+node, a worker whose raylet dies exits, `pool down` leaves no process behind and names each worker it
+stopped as `pool up` and `pool status` showed it, and `--allow-code` is what lets a pool worker run stages. The commands run as the user runs them, each in a process of
 its own; this one never joins Ray (the pids come from the pool's records on this host)."""
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ import pytest
 from fusion_shim.pool import host, manage
 from fusion_shim.procinfo import proc_start
 from tests.helpers.environment import ROOT
-from tests.pool.clusters import (children, command_line, start_head, start_node, stop_head, token_env,
-                                 wait_for)
+from tests.pool.clusters import (children, command_line, records, start_head, start_node, stop_head,
+                                 token_env, wait_for)
 
 pytest.importorskip("ray")
 
@@ -54,14 +54,34 @@ def _pool(cluster, *argv: str) -> subprocess.CompletedProcess:
 
 
 def _records(cluster, pool: str) -> list[dict]:
-    """The pool's workers recorded on this host (every one ever started here and not yet reaped)."""
-    directory = Path(host.state_dir(cluster[1]))
-    found = []
-    for path in sorted(directory.glob("*.json")) if directory.exists() else ():
-        entry = json.loads(path.read_text())
-        if entry["pool"] == pool:
-            found.append(entry)
-    return found
+    return records(cluster[1], pool)
+
+
+def _rows(out: str) -> dict[str, tuple[str, int]]:
+    """The workers of a `pool up` or `pool status` table: name -> (node, pid)."""
+    lines = out.splitlines()
+    header = next(i for i, ln in enumerate(lines) if ln.startswith("worker"))
+    assert lines[header].split()[:3] == ["worker", "node", "pid"], out
+    return {r.split()[0]: (r.split()[1], int(r.split()[2])) for r in lines[header + 1:] if r.strip()}
+
+
+def _named(rows: dict[str, tuple[str, int]]) -> list[str]:
+    """The lines `pool down` stops these workers with."""
+    return sorted(f"{name} on {node} (pid {pid})" for name, (node, pid) in rows.items())
+
+
+def _stopped(down: subprocess.CompletedProcess, pool: str) -> list[str]:
+    """`pool down`'s lines, one per worker stopped (sorted), after its count."""
+    assert down.returncode == 0, down.stderr[-2000:]
+    head, *lines = down.stdout.strip().splitlines()
+    assert head == f"pool {pool}: {len(lines)} workers stopped", down.stdout
+    return sorted(ln.strip() for ln in lines)
+
+
+def _not_the_lost_copy(line: str, name: str, pid: int) -> bool:
+    """``line`` names worker ``name`` as not answering, or a copy Ray restarted: never the lost process ``pid``."""
+    found = re.fullmatch(rf"{re.escape(name)} (\(not answering\)|on [0-9a-f]{{8}}@[0-9.]+ \(pid (\d+)\))", line)
+    return found is not None and found.group(2) != str(pid)
 
 
 def _alive(entry: dict) -> bool:
@@ -79,14 +99,15 @@ def test_pool_up_past_the_clusters_gpus_fails_in_one_line_and_the_next_up_succee
         assert ok.returncode == 0, ok.stderr[-2000:]
         status = _pool(cluster, "status")
         assert status.returncode == 0, status.stderr[-2000:]
-        rows = [ln.split() for ln in status.stdout.splitlines()[1:]]
-        assert [r[0] for r in rows] == ["default.0", "default.1"], status.stdout
-        nodes = [r[1] for r in rows]
+        rows = _rows(status.stdout)
+        assert list(rows) == ["default.0", "default.1"] and rows == _rows(ok.stdout), status.stdout
+        nodes = [node for node, _ in rows.values()]
         assert all(re.fullmatch(r"[0-9a-f]{8}@[0-9.]+", n) for n in nodes) and len(set(nodes)) == 2, nodes
+        # the pids the actors reported are the processes recorded on this host
+        assert sorted(pid for _, pid in rows.values()) == sorted(e["pid"] for e in _records(cluster, "default"))
     finally:
         down = _pool(cluster, "down")
-    assert down.returncode == 0, down.stderr[-2000:]
-    assert "2 workers stopped" in down.stdout and "default.0 on " in down.stdout and "default.1 on " in down.stdout
+    assert _stopped(down, "default") == _named(rows), down.stdout
     assert all(not _alive(e) for e in _records(cluster, "default"))
 
 
@@ -108,7 +129,8 @@ def test_pool_up_interrupted_while_waiting_leaves_nothing_placed(cluster):
     try:
         assert ok.returncode == 0, ok.stderr[-2000:]
     finally:
-        assert _pool(cluster, "down", "--name", "i").returncode == 0
+        down = _pool(cluster, "down", "--name", "i")
+    assert _stopped(down, "i") == _named(_rows(ok.stdout)), (ok.stdout, down.stdout)
 
 
 def test_a_pool_worker_runs_stages_only_when_started_with_allow_code(cluster):
@@ -126,7 +148,8 @@ def test_a_pool_worker_runs_stages_only_when_started_with_allow_code(cluster):
             else:
                 assert answer.startswith("refused") and "--allow-code" in answer, out.stdout
         finally:
-            assert _pool(cluster, "down", "--name", name).returncode == 0
+            down = _pool(cluster, "down", "--name", name)
+        assert _stopped(down, name) == _named(_rows(up.stdout)), (up.stdout, down.stdout)
 
 
 def test_three_workers_on_nodes_sharing_a_host_split_its_cap_and_up_and_status_say_so(cluster):
@@ -148,8 +171,11 @@ def test_three_workers_on_nodes_sharing_a_host_split_its_cap_and_up_and_status_s
         assert status.returncode == 0, status.stderr[-2000:]
         rows = status.stdout.splitlines()[1:]
         assert len(rows) == 3 and all(ln.rstrip().endswith(f"{third} (3 on its host)") for ln in rows), status.stdout
+        assert _rows(status.stdout) == _rows(up.stdout)
     finally:
-        assert _pool(cluster, "down", "--name", "b").returncode == 0
+        down = _pool(cluster, "down", "--name", "b")
+    # three nodes on one address, told apart by their node ids
+    assert _stopped(down, "b") == _named(_rows(up.stdout)), (up.stdout, down.stdout)
 
 
 def test_pool_down_stops_a_recorded_process_that_is_still_ours_and_leaves_others(tmp_path):
@@ -187,9 +213,24 @@ def test_a_worker_whose_raylet_dies_exits_and_pool_down_leaves_no_process(cluste
     victim = next(e for e in recorded.values() if e["pid"] in children(raylet))
     os.kill(raylet, signal.SIGKILL)
     wait_for(lambda: not _alive(victim), f"the orphaned worker {victim['name']} (pid {victim['pid']}) to exit")
-    down = _pool(cluster, "down", "--name", "o")
-    assert down.returncode == 0, down.stderr[-2000:]
-    assert "workers stopped" in down.stdout
+    # an orphan its watchdog did not end (as one frozen would be): recorded as the victim was, still running
+    left = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        host.record(victim["cluster"], "o", victim["name"], victim["where"], cluster[1], pid=left.pid)
+        down = _pool(cluster, "down", "--name", "o")
+        assert left.wait(60) == -signal.SIGTERM
+    finally:
+        if left.poll() is None:
+            left.kill()
+            left.wait(60)
+    rows = _rows(up.stdout)
+    kept = next(n for n in rows if n != victim["name"])
+    lines = _stopped(down, "o")
+    assert len(lines) == 3, down.stdout
+    assert f"{kept} on {rows[kept][0]} (pid {rows[kept][1]})" in lines, (up.stdout, down.stdout)
+    assert f"{victim['name']} on {victim['where']} (pid {left.pid}, orphaned)" in lines, down.stdout
+    (lost,) = [ln for ln in lines if ln.startswith(victim["name"] + " ") and "orphaned" not in ln]
+    assert _not_the_lost_copy(lost, victim["name"], victim["pid"]), down.stdout
     every = [*recorded.values(), *_records(cluster, "o")]  # a copy Ray started meanwhile, too
     assert [e["name"] for e in every if _alive(e)] == [], down.stdout
     assert _records(cluster, "o") == []
@@ -244,7 +285,8 @@ def test_a_node_lost_mid_run_leaves_the_output_plain_pythons_and_no_process(clus
     assert sum(calls.values()) >= rep["pool"]["workers"][0]["calls"], calls
     wait_for(lambda: not _alive(victim), f"the lost node's worker (pid {victim['pid']}) to end")
     down = _pool(cluster, "down", "--name", "n")
-    assert down.returncode == 0, down.stderr[-2000:]
+    (line,) = _stopped(down, "n")
+    assert _not_the_lost_copy(line, "n.0", victim["pid"]), down.stdout
     assert [e["name"] for e in [victim, *_records(cluster, "n")] if _alive(e)] == [], down.stdout
     assert _records(cluster, "n") == []
 

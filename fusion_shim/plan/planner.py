@@ -3,7 +3,8 @@ first use, and the per-op floors the interceptor reads.
 
 The runtime owns one Planner. It calls :meth:`Planner.decide` on the application's thread (a few
 microseconds: dictionary reads and arithmetic), :meth:`observed_local` / :meth:`observed_remote`
-after each call it recorded (a stage call asks its ``stages``, D347), and :meth:`worker_ready` / :meth:`worker_down` from its link threads.
+after each call it recorded, and :meth:`worker_ready` / :meth:`worker_down` from its link threads.
+A stage call is decided by its ``stages`` (:class:`.stages.StageDecider`, D347).
 Work that takes milliseconds (calibration probes, recomputing every op's floor) runs only on the
 background thread the runtime provides (``background``), never on the application's critical
 path; one op's floor after its first measurements here is recomputed inline (D98).

@@ -6,14 +6,17 @@ intercepted calls inside them counted); a remote run is then predicted from the 
 send and to bring back, at what the link has shown per byte, plus its round trip) and the worker's
 time, and taken when it wins by ``MARGIN``. The worker's time is its own measurement once the stage
 ran there (D173); before that, this host's time with the intercepted calls inside priced by the
-worker's per-op models (the planner's profile, or ``price``, D176). The other place is measured again only while that costs
-at most ``EXPLORE_SHARE`` of the time this stage has taken so far, and at least every
+worker's per-op models (the planner's profile, D176). The other place is measured again only while
+that costs at most ``EXPLORE_SHARE`` of the time this stage has taken so far, and at least every
 ``REMEASURE_AFTER`` calls.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
+
+if TYPE_CHECKING:
+    from .model import Profile
 
 FIRST_LOCAL = 2
 MARGIN = 1.1           # D173: remote must be predicted this much faster
@@ -129,7 +132,7 @@ class StageDecider:
     """The stage calls' decisions of one run; ``profile``: the planner's, whose worker models price
     the calls inside a stage before it ran there (None: they are not priced)."""
 
-    def __init__(self, policy: str, profile: Any = None):
+    def __init__(self, policy: str, profile: "Profile | None" = None):
         self.policy = policy
         self.profile = profile
         self.stats: dict[tuple, Stats] = {}
@@ -145,7 +148,8 @@ class StageDecider:
         return s
 
     def decide(self, name: str, key: tuple, link: Any, input_bytes: int = 0, price: Price | None = None) -> Choice:
-        """Where this call runs, and why; ``price`` stands for the profile's models (tests)."""
+        """Where this call runs, and why; ``price``: the worker's seconds for the calls inside, in place
+        of the profile's models."""
         s = self._stats(key)
         s.calls += 1
         s.input_bytes = input_bytes or s.input_bytes

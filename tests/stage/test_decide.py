@@ -129,12 +129,18 @@ def test_auto_places_a_stage_where_it_measured_faster(code_worker, name, kinds):
 def test_a_stage_goes_where_the_workers_models_price_its_calls_before_it_ran_there(code_worker):
     """SIMULATED: the worker's products model is set 10^6 times faster than any device; its real
     stage time is never measured before the decision that this test checks. ``min_flops`` keeps the
-    products inside here, so that no measured call corrects that model meanwhile."""
+    products inside here, so that no measured call corrects that model meanwhile. The link is set
+    measured at 1 GB/s each way: its own probe, taken beside busy CPUs, measured 2-60 MB/s over ipc,
+    which priced the stage's 4 MB over its calls' time and raised the products' floor past them
+    (then unrecorded, unpriced); the link's price is not what this test checks."""
     rng = np.random.default_rng(5)
     A, X = rng.standard_normal((1024, 1024)), rng.standard_normal((1024, 128))
     expected = stagefns.chain(A, X, 10)  # plain NumPy: the shim is not installed yet
     rt = install(code_worker[0], policy="auto", min_flops=1e12, stages=("tests.stage.stagefns:chain",))
-    rt.planner.profile.workers[0].device.set_curve("products", "f8", [(1e9, 1e-6)])
+    rt.link.bandwidth = (1e9, 1e9)  # measured: no probe of its own (the first stage call would start one)
+    worker = rt.planner.profile.workers[0]
+    worker.link.set_measured(rt.link.rtt_s, 1e9, 1e9)
+    worker.device.set_curve("products", "f8", [(1e9, 1e-6)])
     rt.planner.refresh_floors()
     for _ in range(FIRST_LOCAL + 1):
         np.testing.assert_allclose(stagefns.chain(A, X, 10), expected, rtol=1e-10)

@@ -13,7 +13,8 @@ is :class:`.starts.WorkerStarts`' decision alone (D338): the runtime makes it at
 calls made while the start waits on evidence.
 
 The runtime never imports the interceptor: the interceptor constructs it with ``publish_floors``,
-the callback that carries the planner's floors to the C fast path and each wrapped function.
+the callback that carries the planner's floors to the C fast path and each wrapped function, and
+``stage_runner``, the factory of the run's one stage runner (the stages sit above the client; D347).
 
 D113: made when NumPy is imported, the runtime holds only its ledger, its Config and the floor cells
 the wrapped functions read (:mod:`fusion_shim.plan.cells`). The planner, the call path (checks,
@@ -56,7 +57,8 @@ class Runtime:
     """Everything one process's shim holds; created by :func:`fusion_shim.install` once NumPy is
     imported. ``export_env``: children of this process reuse its worker (the launcher's)."""
 
-    def __init__(self, config: Config, publish_floors: FloorPublisher | None = None, export_env: bool = False):
+    def __init__(self, config: Config, publish_floors: FloorPublisher | None = None, export_env: bool = False,
+                 stage_runner: "Callable[..., Any] | None" = None):
         self._config = config
         waits = waits_on_evidence(config)
         # D281: under auto, until a worker is ready calls are counted as made with none ready (while the
@@ -72,6 +74,9 @@ class Runtime:
         self._links: list[WorkerLink] = []  # filled when made; the call path holds this same list
         self._links_made = False
         self._calls: "CallPath | None" = None
+        # (config, ledger, guard, planner, first link) -> the stages' Runner; none given: stages run plain
+        self._new_stage_runner = stage_runner
+        self._stage_runner: Any = None
         # when and how the workers start, with what that waits for; under auto every floor stays NEVER
         # until a worker is ready (Planner.held), but those of the calls that are evidence for a start
         self.starts = WorkerStarts(config, waits, self.ledger, self._floor_cells, lambda: self.links,
@@ -193,6 +198,16 @@ class Runtime:
     @property
     def reuse(self) -> "Reuse":
         return self._parts().reuse
+
+    def stage_runner(self) -> Any:
+        """The run's one stage runner (``fusion_shim.stages.runner.Runner``), made by a stage's first
+        call; None where this runtime was given no factory (its stages run as plain calls)."""
+        if self._stage_runner is None and self._new_stage_runner is not None:
+            with self._made:
+                if self._stage_runner is None:
+                    self._stage_runner = self._new_stage_runner(self.config, self.ledger, self.guard,
+                                                                lambda: self.planner, lambda: self.link)
+        return self._stage_runner
 
     def _worker_busy(self) -> bool:
         """Whether a worker computing on this machine's CPUs has a call of ours in flight."""

@@ -250,7 +250,8 @@ def _wrap_numpy() -> Runtime | None:
         if inst is None or "numpy" in inst.patched_triggers:
             return None
         if inst.runtime is None:
-            inst.runtime = Runtime(inst.config, publish_floors=inst.publish_floors, export_env=inst.export_env)
+            inst.runtime = Runtime(inst.config, publish_floors=inst.publish_floors, export_env=inst.export_env,
+                                   stage_runner=_stage_runner)
             for phase in list(_hooks.SPENT):  # the bootstrap's and the launcher's: the first runtime's only
                 inst.runtime.note_startup(phase, _hooks.SPENT.pop(phase))
         rt = inst.runtime
@@ -265,6 +266,13 @@ def _wrap_numpy() -> Runtime | None:
         rt.note_operators(ok, why, "C" if _use_c(rt) else "wrapt")
         rt.note_startup("interception", time.perf_counter() - t)
     return rt
+
+
+def _stage_runner(*parts: Any) -> Any:
+    """The run's stage runner, for the runtime to make (D347); its modules load with a stage's first call."""
+    from ..stages.runner import Runner
+
+    return Runner(*parts)
 
 
 def _use_c(rt: "Runtime") -> bool:

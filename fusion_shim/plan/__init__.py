@@ -12,6 +12,7 @@
   build under ``$XDG_CACHE_HOME/fusion_shim``.
 - :mod:`.planner`: :class:`Planner`, the state between calls (budget, calibration queue, the
   per-op floors the interceptor compares against).
+- :mod:`.stages`: :class:`StageDecider`, where each stage call runs (D173), the planner's ``stages``.
 - :mod:`.cells`: the floor cells' starting values, which the runtime holds before its planner is made.
 
 The planner imports neither zmq nor torch; ``decide`` does no I/O. The names below load with their
@@ -24,8 +25,8 @@ import importlib
 from typing import Any
 
 _WHERE = {"FAMILIES": "model", "LinkModel": "model", "Profile": "model", "RateModel": "model",
-          "RemoteModel": "model", "EXPLORE_FRACTION": "planner", "Planner": "planner", "FLOOR_BYTES": "cells",
-          "NEVER": "cells", "Call": "policy", "Decision": "policy", "WorkerState": "policy", "decide": "policy",
+          "RemoteModel": "model", "EXPLORE_FRACTION": "planner", "Planner": "planner", "StageDecider": "stages",
+          "FLOOR_BYTES": "cells", "NEVER": "cells", "Call": "policy", "Decision": "policy", "WorkerState": "policy", "decide": "policy",
           "floors": "policy"}
 __all__ = sorted(_WHERE)
 

@@ -4,6 +4,7 @@ first use, and the per-op floors the interceptor reads.
 The runtime owns one Planner. It calls :meth:`Planner.decide` on the application's thread (a few
 microseconds: dictionary reads and arithmetic), :meth:`observed_local` / :meth:`observed_remote`
 after each call it recorded, and :meth:`worker_ready` / :meth:`worker_down` from its link threads.
+A stage call is decided by its ``stages`` (:class:`.stages.StageDecider`, D347).
 Work that takes milliseconds (calibration probes, recomputing every op's floor) runs only on the
 background thread the runtime provides (``background``), never on the application's critical
 path; one op's floor after its first measurements here is recomputed inline (D98).
@@ -34,6 +35,7 @@ from . import calibrate
 from .cells import FLOOR_BYTES, floor_cells as new_floor_cells, starting_floor
 from .model import FAMILIES, Profile
 from .policy import FLOOR_DTYPES, NEVER, Call, Decision, WorkerState, could_win, decide, family_of, floors_by_dtype
+from .stages import StageDecider
 
 EXPLORE_FRACTION = 0.02
 OWN_SAMPLES_ENOUGH = 2   # a (family, dtype) with this many measured calls of its own is not probed
@@ -71,6 +73,7 @@ class Planner:
         self.policy = policy
         self.ops = dict(ops) if ops else None  # name -> family: the ops whose floors are derived
         self.profile = profile or Profile(workers)
+        self.stages = StageDecider(policy, self.profile)  # D347: the run's stage calls are decided here too
         self.min_flops = min_flops
         self.cache = cache
         self.background = background

@@ -1,9 +1,9 @@
 """The report's stages (docs/stages.md): one row per stage, its calls by place, bytes each way, its
 time here and there, predicted against measured, the intercepted calls seen inside it while it ran
-here, what it raised, and why it was pinned here. Read from the ledger's records and the run's stage runner."""
+here, what it raised, and why it was pinned here. Read from the ledger's records and the run's stage
+decisions (its planner's ``stages``, D347)."""
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 PREFIX = "stage "
@@ -30,16 +30,16 @@ def stages_section(rt: Any, records: list[dict]) -> dict[str, Any] | None:
             row["predicted_n"] += 1
     if not rows:
         return None
-    runner_mod = sys.modules.get("fusion_shim.stages.runner")
-    runner = runner_mod.existing(rt) if runner_mod is not None else None
-    if runner is not None:
-        for key, stats in runner.decider.stats.items():
+    planner = rt.made_planner()
+    if planner is not None:  # always, once a stage was recorded: its decisions are the planner's
+        decider = planner.stages
+        for key, stats in decider.stats.items():
             row = rows.get(key[0])
             for op, (n, nbytes) in (stats.inner.items() if row is not None else ()):
                 got = row["inner"].setdefault(op, [0, 0])
                 got[0] += n
                 got[1] += nbytes
-        for name, why in runner.decider.pinned.items():
+        for name, why in decider.pinned.items():
             if name in rows:
                 rows[name]["pinned"] = why
     return rows

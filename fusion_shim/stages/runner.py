@@ -1,63 +1,58 @@
-"""The stages of one run: each call decided (:mod:`.decide`), run here or on a worker
-(:mod:`.remote`), checked where sampled, and recorded in the run's ledger as op ``stage NAME``."""
+"""The stages of one run: each call decided once by the run's planner (``Planner.stages``, D347),
+run here or on a worker (:mod:`.remote`), checked where sampled, and recorded in the run's ledger as
+op ``stage NAME``. The runtime makes the one Runner of a run, on a stage's first call."""
 from __future__ import annotations
 
 import math
 import threading
 import time
-import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from .. import transport
 from ..client.call import fell_back, strict_error, wait_cold
+from ..config import Config
 from ..errors import FallbackKind as Why
-from ..ledger import Record, call_site
+from ..ledger import Ledger, Record, call_site
+from ..plan.stages import Measured, Reused, StageDecider, array_bytes, shape_key
 from ..verify import Sampler
-from .decide import Decider, Measured, Reused, array_bytes, shape_key
 from .state import Raised, RemoteTraceback
 
-_runners: "weakref.WeakKeyDictionary[Any, Runner]" = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
-
-def existing(rt: Any) -> "Runner | None":
-    """The run's runner if a stage was called (the report reads it)."""
-    with _lock:
-        return _runners.get(rt)
-
-
-def runner_of(rt: Any) -> "Runner":
-    with _lock:
-        runner = _runners.get(rt)
-        if runner is None:
-            runner = _runners[rt] = Runner(rt)
-        return runner
+if TYPE_CHECKING:
+    from ..client.link import WorkerLink
+    from ..plan import Planner
 
 
 class Runner:
-    def __init__(self, rt: Any):
-        self.rt = rt
-        self.config = rt.config
-        self.decider = Decider(rt.config.policy)
+    """``planner`` and ``link``: the runtime's, made on first need (the planner learns what the calls
+    left it before it is read, D47); ``guard``: its re-entrancy guard (D336)."""
+
+    def __init__(self, config: Config, ledger: Ledger, guard: Any, planner: "Callable[[], Planner]",
+                 link: "Callable[[], WorkerLink | None]"):
+        self.config, self.ledger, self.guard = config, ledger, guard
+        self._planner, self._first_link = planner, link
         self.held: dict[str, set] = {}       # link url -> fingerprints its stage process holds
         self.by_value: set[str] = set()      # stages whose reference the worker could not import
         self.noted: set[str] = set()         # the worker's notes already said as events
-        self.sampled = Sampler(rt.config.verify)  # --verify's share of stage calls
+        self.sampled = Sampler(config.verify)  # --verify's share of stage calls
         self.reused: dict[tuple, Reused] = {}      # per stage and argument shapes
+
+    @property
+    def decider(self) -> StageDecider:
+        """The run's one stage decider, the planner's (D347)."""
+        return self._planner().stages
 
     def call(self, stage: Any, args: tuple, kwargs: dict) -> Any:
         key = shape_key(stage.name, args, kwargs)
         phases: dict[str, float] = {}
         link = self._link(phases)
-        choice = self.decider.choose(stage.name, key, link, self._input_bytes(key, args, kwargs),
-                                     None if link is None else self._pricer(link))
+        choice = self.decider.decide(stage.name, key, link, self._input_bytes(key, args, kwargs))
         rec = Record(f"stage {stage.name}", "stage", site=call_site(3), reason=choice.reason,
                      predicted_local_s=choice.local_s, predicted_remote_s=choice.remote_s,
                      thread=threading.get_ident(), kind="local")
         rec.phases.update(phases)
-        rec.start_s = self.rt.ledger.now()
+        rec.start_s = self.ledger.now()
         t = time.perf_counter()
         if choice.where == "remote":
             done, value = self._remote(stage, key, link, args, kwargs, rec)
@@ -65,19 +60,19 @@ class Runner:
                 rec.wall_s = time.perf_counter() - t
                 if isinstance(value, Raised):  # D216: as a local run records it
                     rec.raised = type(value.exc).__name__
-                self.rt.ledger.add(rec)
+                self.ledger.add(rec)
                 if isinstance(value, Raised):
                     _raise(value.exc)
                 return value
             if self.config.strict:  # a fallback is an error in strict mode, as for calls; the stage is not run
                 rec.wall_s = time.perf_counter() - t
-                self.rt.ledger.add(rec)
+                self.ledger.add(rec)
                 raise strict_error(rec, "would run here")
         return self._local(stage, key, args, kwargs, rec, t)
 
     def _link(self, phases: dict) -> Any:
         """The first worker's link where it is ready (a stage goes there only): waited for as a call waits."""
-        link = self.rt.link
+        link = self._first_link()
         if link is None:
             return None
         wait_cold(self.config, [link], phases)  # D336
@@ -98,22 +93,11 @@ class Runner:
             reused = self.reused[key] = Reused()
         return reused.priced_bytes((args, kwargs), worth_keeping)
 
-    def _pricer(self, link: Any) -> Any:
-        """The worker's seconds for a stage's intercepted calls, from its per-op models (D176)."""
-        planner = self.rt.made_planner()
-        if planner is None or link.index >= len(planner.profile.workers):
-            return None
-        device = planner.profile.workers[link.index].device
-
-        def price(calls: dict) -> float:
-            return sum(n * device.predict(c.op, c.family, c.dtype, c.flops)[0] for c, n in calls.items())
-        return price
-
     def _local(self, stage: Any, key: tuple, args: tuple, kwargs: dict, rec: Record, t: float) -> Any:
-        ledger = self.rt.ledger
+        ledger = self.ledger
         seen: list[Record] = []
         ledger.taps[rec.thread] = seen
-        guard = self.rt.guard  # D336: the stages it calls run plain (Stage), its NumPy calls as calls
+        guard = self.guard  # D336: the stages it calls run plain (Stage), its NumPy calls as calls
         guard.stages = getattr(guard, "stages", 0) + 1
         try:
             value = stage.fn(*args, **kwargs)
@@ -155,13 +139,13 @@ class Runner:
                 if getattr(exc, "kind", None) != "code_missing":
                     raise
                 self.by_value.add(name)
-                self.rt.ledger.event(f"stage {name}: the worker cannot import it ({exc}); sent by value")
+                self.ledger.event(f"stage {name}: the worker cannot import it ({exc}); sent by value")
                 packed = remote.pack(stage.fn, args, kwargs, True, self.config.residency)
                 out = remote.send(link, stage.fn, None, packed, held, self.config.timeout)
         except remote.Refused as exc:
             self.decider.pin(name, f"the worker refuses code: {exc}")
             rec.kind, rec.fallback, rec.reason = "fallback", Why.REFUSED, self.decider.pinned[name]
-            self.rt.ledger.event(f"stage {name} runs here: {rec.reason}")
+            self.ledger.event(f"stage {name} runs here: {rec.reason}")
             return False, None
         except transport.TransportError as exc:
             fell_back(rec, exc)
@@ -171,7 +155,7 @@ class Runner:
         wall = time.perf_counter() - t
         if out.note and out.note not in self.noted:
             self.noted.add(out.note)
-            self.rt.ledger.event(f"stage {name}: {out.note}")
+            self.ledger.event(f"stage {name}: {out.note}")
         rec.kind, rec.worker = "worker", link.index
         rec.bytes_sent, rec.bytes_received = out.sent, out.received
         rec.resident_hits, rec.bytes_saved = out.by_ref, out.saved

@@ -26,15 +26,16 @@ class Check:
 
     def finish(self, stage: Any, args: tuple, kwargs: dict, value: Any, rec: Any) -> Any:
         """The value the program gets: the worker's when it matches this host's, else this host's."""
-        rt = self.runner.rt
+        runner = self.runner
         t = time.perf_counter()
-        busy, rt.guard.busy = getattr(rt.guard, "busy", False), True  # the reference run is plain NumPy and stages
+        guard = runner.guard
+        busy, guard.busy = getattr(guard, "busy", False), True  # the reference run is plain NumPy and stages
         try:
             want: Any = stage.fn(*self.args, **self.kwargs)
         except Exception as exc:  # the stage's own exception, compared with the worker's
             want = Raised(exc)
         finally:
-            rt.guard.busy = busy
+            guard.busy = busy
         rec.phases["verify"] = time.perf_counter() - t
         problem = _differs(value, want)
         for i, (sent, mine) in enumerate(zip(self.packed.arrays, self.copies)):
@@ -43,9 +44,9 @@ class Check:
             rec.verify = "ok"
             return value
         rec.verify = f"mismatch: {problem}"
-        self.runner.decider.pin(stage.name, f"its worker answer differed from this host's ({problem})")
-        rt.ledger.event(f"stage {stage.name} pinned here: the worker's answer at {rec.site} differed ({problem})")
-        if rt.config.strict:
+        runner.decider.pin(stage.name, f"its worker answer differed from this host's ({problem})")
+        runner.ledger.event(f"stage {stage.name} pinned here: the worker's answer at {rec.site} differed ({problem})")
+        if runner.config.strict:
             raise VerificationError(f"stage {stage.name} at {rec.site}: the worker's answer differed: {problem}")
         for sent, mine in zip(self.packed.arrays, self.copies):
             np.copyto(sent, mine)

@@ -1,5 +1,6 @@
 """What a marked function becomes: a :class:`Stage`, which under a running shim hands each call to
-the run's :class:`~fusion_shim.stages.runner.Runner`, and otherwise calls the function."""
+the run's :class:`~fusion_shim.stages.runner.Runner` (``Runtime.stage_runner``), and otherwise calls
+the function."""
 from __future__ import annotations
 
 import functools
@@ -48,6 +49,4 @@ def _runner() -> Any:
     guard = rt.guard
     if getattr(guard, "busy", False) or getattr(guard, "stages", 0):
         return None
-    from .runner import runner_of
-
-    return runner_of(rt)
+    return rt.stage_runner()

@@ -1,15 +1,17 @@
 """A stage call is decided once, as an intercepted call is (``CallPath.decide``): running it here
 after a refusal, checking a sampled answer here, and a stage it calls while running here ask the
-stage decider nothing more. Under policy local a stage is a plain call, as an intercepted one is."""
+run's stage decider (its planner's) nothing more. Under policy local a stage is a plain call, as an
+intercepted one is."""
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import pytest
 
 import fusion_shim
-from fusion_shim.stages.decide import FIRST_LOCAL, Decider
+from fusion_shim.plan.stages import FIRST_LOCAL, StageDecider
 from tests.helpers.shims import install
 from tests.stage import stagefns
 
@@ -20,12 +22,12 @@ M = "tests.stage.stagefns"
 def choices(monkeypatch):
     """Each stage decision made, by stage name."""
     made: list[str] = []
-    choose = Decider.choose
+    decide = StageDecider.decide
 
     def counted(self, name, *args, **kwargs):
         made.append(name)
-        return choose(self, name, *args, **kwargs)
-    monkeypatch.setattr(Decider, "choose", counted)
+        return decide(self, name, *args, **kwargs)
+    monkeypatch.setattr(StageDecider, "decide", counted)
     return made
 
 
@@ -79,3 +81,25 @@ def test_under_policy_auto_a_stage_and_the_stage_it_calls_here_are_decided_once(
     assert choices == [f"{M}:outer"] * FIRST_LOCAL  # the inner stage ran inside it as plain code
     assert [r.kind for r in _records(rt, "outer")] == ["local"] * FIRST_LOCAL
     assert _records(rt, "inner_step") == []
+
+
+def test_a_run_has_one_stage_runner_whose_decisions_are_its_planners(code_worker):
+    """D347: the runtime holds the run's one runner (made once, whichever thread asks first), and the
+    stage decisions it asks for, which the report reads, are the run's planner's."""
+    rt = install(code_worker[0], stages=(f"{M}:outer", f"{M}:inner_step"))
+    start, got = threading.Barrier(8), []
+
+    def ask():
+        start.wait()
+        got.append(rt.stage_runner())
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 8 and all(r is got[0] for r in got) and got[0] is rt.stage_runner()
+    A, X = _operands()
+    stagefns.outer(A, X)
+    assert got[0].decider is rt.planner.stages
+    assert [key[0] for key in rt.planner.stages.stats] == [f"{M}:outer"]
+    assert [r.reason for r in _records(rt, "outer")] == ["policy remote"]

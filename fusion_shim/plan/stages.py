@@ -1,18 +1,22 @@
-"""Where a stage call runs: a value with its reason, from what this run measured (D173).
+"""Where a stage call runs: a value with its reason, from what this run measured (D173). The run's
+planner holds the one :class:`StageDecider` (``Planner.stages``, D347), which prices with its profile.
 
 Per stage and argument shapes: its first ``FIRST_LOCAL`` calls run here and are timed (the
 intercepted calls inside them counted); a remote run is then predicted from the link (the bytes to
 send and to bring back, at what the link has shown per byte, plus its round trip) and the worker's
 time, and taken when it wins by ``MARGIN``. The worker's time is its own measurement once the stage
 ran there (D173); before that, this host's time with the intercepted calls inside priced by the
-worker's per-op models (``price``, D176). The other place is measured again only while that costs
-at most ``EXPLORE_SHARE`` of the time this stage has taken so far, and at least every
+worker's per-op models (the planner's profile, D176). The other place is measured again only while
+that costs at most ``EXPLORE_SHARE`` of the time this stage has taken so far, and at least every
 ``REMEASURE_AFTER`` calls.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
+
+if TYPE_CHECKING:
+    from .model import Profile
 
 FIRST_LOCAL = 2
 MARGIN = 1.1           # D173: remote must be predicted this much faster
@@ -124,9 +128,13 @@ def shape_key(name: str, args: tuple, kwargs: dict) -> tuple:
     return name, _shapes(args), _shapes(kwargs)
 
 
-class Decider:
-    def __init__(self, policy: str):
+class StageDecider:
+    """The stage calls' decisions of one run; ``profile``: the planner's, whose worker models price
+    the calls inside a stage before it ran there (None: they are not priced)."""
+
+    def __init__(self, policy: str, profile: "Profile | None" = None):
         self.policy = policy
+        self.profile = profile
         self.stats: dict[tuple, Stats] = {}
         self.pinned: dict[str, str] = {}  # stage -> why it runs here from now on
 
@@ -139,7 +147,9 @@ class Decider:
             s = self.stats[key] = Stats()
         return s
 
-    def choose(self, name: str, key: tuple, link: Any, input_bytes: int = 0, price: Price | None = None) -> Choice:
+    def decide(self, name: str, key: tuple, link: Any, input_bytes: int = 0, price: Price | None = None) -> Choice:
+        """Where this call runs, and why; ``price``: the worker's seconds for the calls inside, in place
+        of the profile's models."""
         s = self._stats(key)
         s.calls += 1
         s.input_bytes = input_bytes or s.input_bytes
@@ -151,7 +161,7 @@ class Decider:
             return Choice("remote", "policy remote")
         if s.local_n < FIRST_LOCAL:
             return Choice("local", f"first {FIRST_LOCAL} calls run here and are measured")
-        remote_s, basis = self.predict_remote(s, link, price)
+        remote_s, basis = self.predict_remote(s, link, price or self._price_on(link))
         local_s = s.local_s or 0.0
         best, other = ("remote", "local") if remote_s * MARGIN < local_s else ("local", "remote")
         extra = abs(remote_s - local_s)
@@ -161,6 +171,18 @@ class Decider:
                                  f"{basis}, {local_s:.3g}s here)", local_s, remote_s)
         return Choice(best, f"predicted {remote_s:.3g}s there ({basis}) vs {local_s:.3g}s here (margin {MARGIN})",
                       local_s, remote_s)
+
+    def _price_on(self, link: Any) -> Price | None:
+        """The worker's seconds for a stage's intercepted calls, from its per-op models (D176)."""
+        workers = getattr(self.profile, "workers", ())
+        index = getattr(link, "index", len(workers))
+        if index >= len(workers):
+            return None
+        device = workers[index].device
+
+        def price(calls: dict) -> float:
+            return sum(n * device.predict(c.op, c.family, c.dtype, c.flops)[0] for c, n in calls.items())
+        return price
 
     def predict_remote(self, s: Stats, link: Any, price: Price | None = None) -> tuple[float, str]:
         """(seconds, what the worker's share rests on)."""

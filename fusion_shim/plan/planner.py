@@ -26,6 +26,7 @@ of the op with fewer input bytes but more work than the hopeless ones stays loca
 from __future__ import annotations
 
 import functools
+import math
 import threading
 import time
 from collections import defaultdict
@@ -150,7 +151,8 @@ class Planner:
             self._want(key)  # a cached local curve is read on first use: it is part of what is priced
         if call.family != "products" and ("products", call.dtype) not in self._wanted and self.policy != "local":
             self._want(("products", call.dtype))  # D348: this host's GEMM curve reads the ops a worker timed
-        budget = self.explore_fraction * self.intercepted_s - self.explore_spent_s if explore else 0.0
+        # D350: without exploring, below any budget: a zero one still lets a free exploration through
+        budget = self.explore_fraction * self.intercepted_s - self.explore_spent_s if explore else -math.inf
         return decide(self.policy, call, self.profile, workers, budget, self.min_flops)
 
     def link_could_matter(self, call: Call, workers: Sequence[WorkerState]) -> bool:

@@ -122,24 +122,25 @@ def decide(policy: str, call: Call, profile: Profile, workers: Sequence[WorkerSt
     spread = math.hypot(sigma_l, math.hypot(sigma_r, SIGMA_SHARED_CPUS) if shared else sigma_r)
     z = Z_PRIOR if max(sigma_l, sigma_r) >= SIGMA_PRIOR else Z
     margin = math.exp(z * spread + MIN_LOG_MARGIN)
+    invest = (f", {workers[best].reused / 1e6:.3g} MB of reused inputs priced over their reuse"
+              if workers[best].reused else "")
     if remote_s * margin < local_s:
         if (n_l < EXPLORE_SAMPLES and local_s * math.exp(-Z_EXPLORE * sigma_l) < remote_s
                 and 0 < local_s * math.exp(Z_EXPLORE_COST * sigma_l) - remote_s <= explore_left_s):
             # the local model could be wrong the other way: measuring it here is how it learns
             return Decision("local", f"exploring here: predicted {_ms(local_s)} vs {_ms(remote_s)}{where}, "
                             f"{n_l} samples", local_s, remote_s, None, True, sigma_l, sigma_r)
-        invest = (f", {workers[best].reused / 1e6:.3g} MB of reused inputs priced over their reuse"
-                  if workers[best].reused else "")
         return Decision("worker", f"predicted {_ms(remote_s)}{where} < {_ms(local_s)} here (margin x{margin:.2f})"
                         f"{invest}", local_s, remote_s, best, False, sigma_l, sigma_r)
     # exploration: the slower-looking place, when it could win and its price fits the budget; D88:
-    # never over a link not yet measured, nor against a local side known only by its prior
+    # never over a link not yet measured, nor against a local side known only by its prior; D350: one
+    # priced free needs no budget left (the program's first call has none yet), an overspent one stops it
     cost_sigma = math.hypot(sigma_r, SIGMA_SHARED_CPUS_EXPLORE) if workers[best].contended else sigma_r
     if (n_r < EXPLORE_SAMPLES and (link_free or profile.workers[best].link.measured) and sigma_l < SIGMA_PRIOR
             and remote_s * math.exp(-Z_EXPLORE * sigma_r) < local_s
-            and 0 < explore_left_s and remote_s * math.exp(Z_EXPLORE_COST * cost_sigma) - local_s <= explore_left_s):
+            and 0 <= explore_left_s and remote_s * math.exp(Z_EXPLORE_COST * cost_sigma) - local_s <= explore_left_s):
         return Decision("worker", f"exploring{where}: predicted {_ms(remote_s)} there vs {_ms(local_s)} here, "
-                        f"{n_r} samples", local_s, remote_s, best, True, sigma_l, sigma_r)
+                        f"{n_r} samples{invest}", local_s, remote_s, best, True, sigma_l, sigma_r)
     return Decision("local", f"predicted {_ms(local_s)} here <= {_ms(remote_s)}{where or ' on the worker'} "
                     f"(margin x{margin:.2f})", local_s, remote_s, None, False, sigma_l, sigma_r)
 

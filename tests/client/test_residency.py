@@ -340,7 +340,8 @@ def test_a_chain_reusing_a_matrix_goes_to_the_worker_once_its_upload_is_shared(s
     try:
         assert rt.link.wait_ready(READY_S)
         # SYNTHETIC profile: moving a costs 12 ms, b and the result 2 ms, the product 10 ms here and
-        # next to nothing there; the margin (about 1.9x) needs a's upload split four ways
+        # next to nothing there; the margin (about 1.9x) needs a's upload split four ways, an exploration
+        # priced free (D350: no budget needed, and none is kept here) three: either is priced over the reuse
         bw = 3.92e6 / 0.012
         flops = 2 * 700 * 700 * 58
         _synthetic(rt, flops / 0.010 / 1e9, 1e4, bw)

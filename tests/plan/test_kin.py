@@ -1,5 +1,6 @@
 """D348: an op this host knows by nothing but its prior, yet a worker timed against its own GEMM,
-is read here halfway (in logs) between the prior and this host's GEMM curve at the worker's ratio."""
+is read here halfway (in logs) between the prior and this host's GEMM curve at the worker's ratio;
+and D350: an exploration priced free needs no budget left, so the program's first call may be one."""
 import math
 
 import pytest
@@ -78,3 +79,37 @@ def test_a_ready_worker_lends_its_ratios_and_a_linalg_call_reads_this_hosts_cach
     assert ("products", "f8") not in planner.profile.local.curves
     d = planner.decide(svd_call(), READY)
     assert ("products", "f8") in planner.profile.local.curves and d.local_sigma == SIGMA_KIN
+
+
+def free_svd():
+    """A worker that even priced pessimistically beats this host's kin reading, short of the margin."""
+    p = with_kin(worker_svd=20.0)
+    p.workers[0].device.set_op_curve(SVD, "f8", [(1e9, 1e9 / 8.0e9)])  # ~1.8x the kin reading: no margin
+    return p, svd_call(n_bytes=1 << 10)
+
+
+def test_an_exploration_priced_free_needs_no_budget_left_but_an_overspent_one_stops_it():
+    """The program's first decided call has no budget yet (2% of nothing): a worker that even priced
+    pessimistically beats this host's prediction, short of the margin, is tried all the same."""
+    p, call = free_svd()
+    d = decide("auto", call, p, READY, explore_left_s=0.0)
+    assert d.where == "worker" and d.explore
+    assert d.remote_s * math.exp(d.remote_sigma) < d.local_s < d.remote_s * math.exp(math.hypot(d.local_sigma,
+                                                                                          d.remote_sigma))
+    assert decide("auto", call, p, READY, explore_left_s=-1e-3).where == "local"
+    # one that could cost more than nothing still needs a budget to pay it from
+    slow = Call(SVD, "linalg", "f8", call.flops, 1 << 30, call.bytes_out)  # 1 GB up at 10 GB/s: 0.1 s more
+    assert decide("auto", slow, p, READY, explore_left_s=0.0).where == "local"
+    assert decide("auto", slow, p, READY, explore_left_s=1.0).explore
+
+
+def test_a_price_without_exploring_never_explores_even_at_a_zero_budget():
+    """Planner.price(explore=False) (what residency asks: would the call go were its inputs there?)
+    answers below any budget, so that a free exploration is no reason to hash a call's inputs."""
+    p, call = free_svd()
+    planner = Planner("auto", 1, ops={SVD: "linalg", "numpy.matmul": "products"})
+    planner.profile = p
+    assert planner.intercepted_s == 0.0
+    assert planner.price(call, READY).explore
+    d = planner.price(call, READY, explore=False)
+    assert d.where == "local" and not d.explore

@@ -53,7 +53,9 @@ class Prepared:
         (D199): axis-order layouts transposed back, then ``finish``, a named tuple, ``out=`` or a
         0-d scalar, as NumPy returns it. The client (a worker's reply) and a stage process's
         device calls both build it here."""
-        arrays = [a.transpose(np.argsort(lay)) if isinstance(lay, list) else a for a, lay in zip(arrays, self.layouts)]
+        layouts = self.layouts
+        if len(arrays) != len(layouts) or list in map(type, layouts):  # D346: none to transpose (all "C"/"F"), no pass
+            arrays = [a.transpose(np.argsort(lay)) if isinstance(lay, list) else a for a, lay in zip(arrays, layouts)]
         if self.finish is not None:  # the row's own assembly: NumPy's cheap epilogue
             return self.finish(arrays)
         if self.returns != "array":

@@ -24,6 +24,8 @@ ROUND_TRIP_SLACK = 1.05
 ROUND_TRIP_SLACK_S = 1e-3
 NONFINITE_SLICE = 1 << 20  # D200: elements looked at per slice: a 1 MiB mask whatever the result's size
 _all = np.logical_and.reduce  # D343: what ndarray.all calls, without its Python wrapper
+# D346: a 1-element result's check by its dtype's char, one lookup; long double ('g', 'G') is wider than a Python number
+_ONE_BY_CHAR = {"e": math.isfinite, "f": math.isfinite, "d": math.isfinite, "F": cmath.isfinite, "D": cmath.isfinite}
 
 
 class WorkerFault(transport.TransportError):
@@ -225,12 +227,12 @@ def nonfinite(arrays: list) -> bool:
     """Whether a floating result holds inf or nan. D200: ``isfinite`` raises no flag and beats a sum
     under ``errstate`` at every size; a large result is looked at in slices (its mask stays small)."""
     for a in arrays:
-        kind, size = a.dtype.kind, a.size
-        if kind not in "fc" or not size:
-            continue
-        if size == 1 and a.dtype.itemsize <= (8 if kind == "f" else 16):  # D343: as a Python number (long double is wider)
-            if not (math.isfinite(a.item()) if kind == "f" else cmath.isfinite(a.item())):
+        size = a.size
+        if size == 1 and (finite := _ONE_BY_CHAR.get(a.dtype.char)) is not None:  # D343, D346: as a Python number
+            if not finite(a.item()):
                 return True
+            continue
+        if a.dtype.kind not in "fc" or not size:
             continue
         if size <= NONFINITE_SLICE or not (a.flags.c_contiguous or a.flags.f_contiguous):
             if not _all(np.isfinite(a), axis=None):

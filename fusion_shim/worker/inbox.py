@@ -80,11 +80,13 @@ class Inbox:
             if len(frames) < 2:  # no routing identity: nothing to answer to
                 continue
             principal = principal_of(frames[1], self.curve)
-            n = sum(frame_bytes(f) for f in frames[1:])
-            if (load := self._over(principal.name, n)) is not None and not _small_answer(frames[1]):  # D270
+            name, n = principal.name, sum(map(len, frames[1:]))  # D77: _recv's frames are zmq.Frames: len is bytes
+            # D270, D346: a principal with nothing waiting or unsent here (no request in hand now) is under any budget
+            if ((self.held.get(name) or self.unsent.get(name)) and (load := self._over(name, n)) is not None
+                    and not _small_answer(frames[1])):
                 self._busy(frames, principal, load)
                 continue
-            self.flight = (principal.name, n)
+            self.flight = (name, n)
             return frames, principal
         if self._shed:  # idle after shedding: the shed requests' pages go back (D69)
             self._shed = False

@@ -1,5 +1,7 @@
-"""Ray clusters for the pool's tests, on loopback, each stopped by its own process group: a token made
-for the test (mode 0600, never ``~/.ray``) and a head started with ``ray start --block``."""
+"""Ray clusters for the pool's tests, on this host (given 127.0.0.1; several nodes get the host's own
+address from Ray, one with ONE_NODE_ON_LOOPBACK keeps 127.0.0.1, D345), each stopped by its own
+process group: a token made for the test (mode 0600, never ``~/.ray``) and a head started with
+``ray start --block``."""
 from __future__ import annotations
 
 import json
@@ -13,6 +15,9 @@ import time
 from pathlib import Path
 
 RAY = str(Path(sys.executable).with_name("ray"))
+# D345: Ray turns 127.0.0.1 into this host's own address, `--node-ip-address` too,
+# unless its multi-node support is off: then one node, and every process joining it, stays on loopback
+ONE_NODE_ON_LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 START_DEADLINE_S = 300.0  # a loaded 2-core machine starts a head in 5-60 s
 WAIT_S = 600.0  # generous: the machine is shared, and a worker (re)started imports torch and warms up
 
@@ -43,13 +48,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_head(directory: Path, env: dict[str, str], cwd: Path | None = None) -> tuple[subprocess.Popen, str]:
-    """A head node (no dashboard, one CPU), its processes in one process group, started in ``cwd``;
-    returns it and its address."""
+def start_head(directory: Path, env: dict[str, str], *options: str, num_cpus: int = 1, cwd: Path | None = None
+               ) -> tuple[subprocess.Popen, str]:
+    """A head node (no dashboard, ``num_cpus`` CPUs, more of ``ray start``'s ``options``, e.g. ``--num-gpus
+    2``), its processes in one process group, started in ``cwd``; returns it and its address."""
     port = free_port()
     temp = directory / "ray"
-    cmd = [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "1",
-           "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", str(temp)]
+    cmd = [RAY, "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", str(num_cpus),
+           "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", str(temp), *options]
     with open(directory / "ray-start.log", "w") as log:
         proc = subprocess.Popen(cmd, env={**os.environ, **env, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
                                 stdout=log, stderr=subprocess.STDOUT, cwd=cwd)

@@ -1,25 +1,30 @@
-"""A pool on a real local Ray cluster: one cluster for the module, which one test process runs whole
-(the suite runs `--dist loadfile`, D160), with two logical GPUs on a machine that may have none
-(EMULATED: Ray accounts for them, torch sees no CUDA device, the workers compute on the CPU). The
-cluster asks for a token: the module's own, in a file only this user reads (never ``~/.ray``)."""
+"""A pool on a real local Ray cluster, strictly on loopback (a head started with ``ray start
+--node-ip-address 127.0.0.1`` in a process group of its own, this process its driver): one cluster
+for the module, which one test process runs whole (the suite runs `--dist loadfile`, D160), with two
+logical GPUs on a machine that may have none (EMULATED: Ray accounts for them, torch sees no CUDA
+device, the workers compute on the CPU). The cluster asks for a token: the module's own, in a file
+only this user reads (never ``~/.ray``)."""
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.helpers.environment import ROOT
-from tests.pool.clusters import token_env, wait_for
+from tests.pool.clusters import ONE_NODE_ON_LOOPBACK, start_head, stop_head, token_env, wait_for
 
 ray = pytest.importorskip("ray")
-from fusion_shim.pool import NAMESPACE, manage  # noqa: E402
+from fusion_shim.pool import manage  # noqa: E402
 from fusion_shim.reporting.trace import build_trace  # noqa: E402
 
 PROGRAM = str(ROOT / "tests" / "pool" / "programs.py")
@@ -27,33 +32,32 @@ POOL = "t"
 DEADLINE_S = 600.0  # generous: the machine is shared, and a worker Ray restarts imports torch and warms up again
 
 
-def start_cluster(tries: int = 3) -> None:
-    """A local cluster on this machine (its workers bind the address Ray gives this node). Ray
-    waits a fixed 30 s for its raylet to register, which a loaded 2-core machine can miss: tried again."""
-    for attempt in range(tries):
-        try:
-            ray.init(address="local", _node_ip_address="127.0.0.1", num_cpus=4, num_gpus=2, include_dashboard=False,
-                     namespace=NAMESPACE, log_to_driver=False, object_store_memory=80 << 20, configure_logging=False)
-            return
-        except Exception as exc:
-            if "timed out during startup" not in str(exc) or attempt == tries - 1:
-                raise
-            ray.shutdown()
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    env = token_env(tmp_path_factory.mktemp("ray-token"))
-    saved = {k: os.environ.get(k) for k in env}
-    # the token for this process, the cluster it starts and the programs the tests run; the mode Ray
-    # sets itself (token, for a cluster ray.init starts): set here, it would miss Ray's config, read at import
-    os.environ["RAY_AUTH_TOKEN_PATH"] = env["RAY_AUTH_TOKEN_PATH"]
+def cluster():
+    """The head on loopback only, in a process group of its own; this process its driver. Ray's
+    multi-node support is off in every process that joins it (in this one too: Ray read the variable at
+    import), else each would resolve 127.0.0.1 to this host's own address (clusters.ONE_NODE_ON_LOOPBACK)."""
+    directory = Path(tempfile.mkdtemp(prefix="rpt", dir="/tmp"))  # Ray: socket paths <= 107 bytes
+    env = {**token_env(directory), **ONE_NODE_ON_LOOPBACK}
+    shared = ("RAY_AUTH_TOKEN_PATH", *ONE_NODE_ON_LOOPBACK)
+    saved = {k: os.environ.get(k) for k in (*shared, "RAY_AUTH_MODE")}
+    # the mode is the cluster's alone: this process presents the token as a pool command does (manage.connect)
+    os.environ.update({k: env[k] for k in shared})
     os.environ.pop("RAY_AUTH_MODE", None)
+    constants = ray._private.ray_constants
+    enabled, constants.ENABLE_RAY_CLUSTER = constants.ENABLE_RAY_CLUSTER, False
+    head = None
     try:
-        start_cluster()
-        yield ray.get_runtime_context().gcs_address
+        head, address = start_head(directory, env, "--num-gpus", "2", "--object-store-memory", str(80 << 20),
+                                   num_cpus=4)
+        manage.connect(address, lambda text: None)
+        yield address
     finally:
         ray.shutdown()
+        if head is not None:
+            stop_head(head)
+        shutil.rmtree(directory, ignore_errors=True)
+        constants.ENABLE_RAY_CLUSTER = enabled
         for k, v in saved.items():
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
@@ -89,6 +93,15 @@ def test_pool_up_places_two_workers_on_emulated_gpus_and_a_second_up_makes_none(
     again, made = manage.up(cluster, 2, "auto", name=POOL)
     assert not made and [r["pid"] for r in again] == [r["pid"] for r in pool]
     assert manage.names(ray, POOL) == [f"{POOL}.0", f"{POOL}.1"]
+
+
+def test_every_node_of_the_pools_cluster_and_every_worker_is_on_loopback(cluster, pool):
+    nodes = ray.nodes()
+    assert nodes and [n["NodeManagerAddress"] for n in nodes] == ["127.0.0.1"] * len(nodes), nodes
+    assert cluster.startswith("127.0.0.1:"), cluster
+    rows = manage.status(cluster, POOL)
+    assert len(rows) == 2 and all(r["ip"] == "127.0.0.1" and r["node"].endswith("@127.0.0.1")
+                                  and r["url"].startswith("tcp://127.0.0.1:") for r in rows), rows
 
 
 def _single_worker_cap() -> int:
@@ -137,6 +150,7 @@ def test_pool_status_shows_each_worker_with_its_calls(cluster, pool):
     assert lines[0].split() == ["worker", "node", "device", "state", "calls", "resident", "budget"]
     assert [ln.split()[0] for ln in lines[1:]] == [f"{POOL}.0", f"{POOL}.1"]
     assert all("EMULATED" in ln for ln in lines[1:])
+    assert all(ln.split()[1].endswith("@127.0.0.1") for ln in lines[1:]), out.stdout  # every node on loopback
     half = manage.size_text(_single_worker_cap() // 2)
     assert all(ln.rstrip().endswith(f"{half} (2 on its host)") for ln in lines[1:]), out.stdout
 

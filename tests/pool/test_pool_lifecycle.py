@@ -1,8 +1,10 @@
-"""A pool's life on an EMULATED cluster of three nodes on this host (a head without GPUs and two
-nodes with one logical GPU each, every node a raylet of its own in its own process group, loopback
-only): `pool up` waits aloud and leaves nothing placed when it gives up, workers are named by their
-node, a worker whose raylet dies exits, `pool down` leaves no process behind and names each worker it
-stopped as `pool up` and `pool status` showed it, and `--allow-code` is what lets a pool worker run stages. The commands run as the user runs them, each in a process of
+"""A pool's life on an EMULATED cluster of three nodes on this host (a head without GPUs and two nodes
+with one logical GPU each, every node a raylet of its own in its own process group, given 127.0.0.1,
+which Ray turns into this host's address, D345): `pool up` waits aloud and leaves nothing placed
+when it gives up, workers are named by their node, a worker whose raylet dies exits (also while a
+program computes on it, the program's output staying plain Python's), `pool down` leaves no process
+behind and names each worker it stopped as `pool up` and `pool status` showed it, and `--allow-code`
+is what lets a pool worker run stages. The commands run as the user runs them, each in a process of
 its own; this one never joins Ray (the pids come from the pool's records on this host)."""
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -289,6 +292,77 @@ def test_a_node_lost_mid_run_leaves_the_output_plain_pythons_and_no_process(clus
     assert _not_the_lost_copy(line, "n.0", victim["pid"]), down.stdout
     assert [e["name"] for e in [victim, *_records(cluster, "n")] if _alive(e)] == [], down.stdout
     assert _records(cluster, "n") == []
+
+
+def _raylet_of(node: subprocess.Popen) -> int | None:
+    return next((p for p in children(node.pid) if "raylet" in command_line(p).split(" ")[0]), None)
+
+
+def _serves(url: str) -> bool:
+    """Whether something accepts connections at the worker's ``tcp://IP:PORT``."""
+    ip, port = url.removeprefix("tcp://").rsplit(":", 1)
+    try:
+        socket.create_connection((ip, int(port)), timeout=5).close()
+    except OSError:
+        return False
+    return True
+
+
+def test_a_raylet_killed_mid_run_leaves_the_output_plain_pythons_and_no_process(cluster, tmp_path):
+    """Only the raylet of the node hosting the pool's worker is SIGKILLed while a program computes on
+    that worker: the worker, orphaned, stops serving and exits (D265), the run goes on with every
+    answer plain Python's and says what fell back or moved, and `pool down` leaves no process. On a node
+    of its own (one GPU): the tests before it may have taken the module's nodes."""
+    address, env, _ = cluster
+    own = start_node(tmp_path, env, address, num_gpus=1)
+    proc = None
+    try:
+        up = _pool(cluster, "up", "--workers", "1", "--name", "r")
+        assert up.returncode == 0, up.stderr[-2000:]
+        (victim,) = _records(cluster, "r")
+        node = next((n for n in [*cluster[2], own] if _raylet_of(n) is not None
+                     and victim["pid"] in children(_raylet_of(n))), None)
+        assert node is not None, (victim, up.stdout)
+        progress = tmp_path / "progress"
+        report = tmp_path / "r.json"
+        cmd = [sys.executable, "-m", "fusion_shim", "--policy", "remote", "--pool", f"ray://{address}/r", "--quiet",
+               "--report", str(report), PROGRAM, "until_stopped", str(tmp_path)]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **env})
+        wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 2, "the first rounds")
+        os.kill(_raylet_of(node), signal.SIGKILL)
+        wait_for(lambda: not _alive(victim), f"the orphaned worker (pid {victim['pid']}) to exit")
+        done = int(progress.read_text() or 0)
+        wait_for(lambda: int(progress.read_text() or 0) >= done + 3, "rounds after the worker's exit")
+        (tmp_path / "stop").write_text("")
+        out, err = proc.communicate(timeout=DEADLINE_S)
+        assert proc.returncode == 0, err[-3000:]
+        assert re.search(r"\bray\b|raylet|state-dump", out + err, re.IGNORECASE) is None, (out + err)[-3000:]
+        (tmp_path / "plain").mkdir()
+        plain = subprocess.run([sys.executable, PROGRAM, "until_stopped", str(tmp_path / "plain"), "--rounds",
+                                str(len(out.splitlines()))], capture_output=True, text=True, timeout=DEADLINE_S)
+        assert out == plain.stdout
+        rep = json.loads(report.read_text())
+        (worker,) = rep["pool"]["workers"]
+        assert worker["calls"] > 0, rep["pool"]  # it served before its raylet died
+        events = [e["what"] for e in rep["events"]]
+        calls = rep["summary"]["calls"]
+        moved = any("pool worker r.0 restarted by Ray" in e for e in events)
+        fell_back = calls["fallback"] + calls["no_worker"] + calls["local"] > 0
+        assert moved or fell_back, (calls, events)
+        assert any(e.startswith(("worker fault", "worker not ready")) for e in events), events
+        ready = re.compile(rf"worker ready at (\S+) on .*\(pid {victim['pid']},")
+        served = [m.group(1) for m in map(ready.match, events) if m]
+        assert served and not any(_serves(u) for u in served), events  # the orphan's endpoint is closed
+        down = _pool(cluster, "down", "--name", "r")
+        assert down.returncode == 0, down.stderr[-2000:]
+        assert [e["name"] for e in [victim, *_records(cluster, "r")] if _alive(e)] == [], down.stdout
+        assert _records(cluster, "r") == []
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+        stop_head(own)
 
 
 GRANDCHILD = """

@@ -2,8 +2,8 @@
 reaps. Imports no Ray: both the worker side (:mod:`.actor`) and ``pool down`` (:mod:`.manage`) use it.
 
 - D265: a pool worker's process is a child of its node's raylet. When the raylet dies the process is
-  reparented and, left alone, keeps serving its socket while Ray starts a second copy elsewhere; the
-  watchdog sees its parent change and ends the process.
+  reparented; Ray's core worker may end it, but one was seen serving its socket while Ray started a
+  second copy elsewhere: the watchdog sees its parent change and ends the process all the same.
 - D266: each pool worker records itself at start (pid, start time, pid namespace, user, cluster,
   pool) in a directory only this user can open; ``pool down`` stops every recorded process of its
   cluster's pool on this host that is still the one recorded (same pid, start time and user).

@@ -147,7 +147,7 @@ def test_pool_status_shows_each_worker_with_its_calls(cluster, pool):
                          capture_output=True, text=True, timeout=DEADLINE_S)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.splitlines()
-    assert lines[0].split() == ["worker", "node", "device", "state", "calls", "resident", "budget"]
+    assert lines[0].split() == ["worker", "node", "pid", "device", "state", "calls", "resident", "budget"]
     assert [ln.split()[0] for ln in lines[1:]] == [f"{POOL}.0", f"{POOL}.1"]
     assert all("EMULATED" in ln for ln in lines[1:])
     assert all(ln.split()[1].endswith("@127.0.0.1") for ln in lines[1:]), out.stdout  # every node on loopback

@@ -5,8 +5,10 @@
 Each program runs once under ``--policy remote --device cpu --verify all``: every call above its floor
 goes to the embedded CPU worker and is also computed here, so each record has its measured local time
 (what every replay strategy needs; OMP_WAIT_POLICY=PASSIVE, so that the worker's idle
-threads do not spin on the cores those local times are taken on) and the report has the worker's self-benchmark and link (what the
-``cpu-worker``/``loopback`` replay needs). Sizes are cut down to keep each recording small and quick;
+threads do not spin on the cores those local times are taken on) and the report has the worker's
+self-benchmark and link (what the ``cpu-worker``/``loopback`` replay needs). A check runs on the
+program's thread once the worker has answered, so the worker is idle while it is timed
+(``worker_idle.py`` measures that). Sizes are cut down to keep each recording small and quick;
 only the fields the replay reads are kept (``KEEP``), and at most ``PER_SITE`` records a site.
 """
 from __future__ import annotations
@@ -35,13 +37,20 @@ PER_SITE = 100  # records kept per call site; the replay scales each site by its
 TOP = ("schema", "argv", "policy", "wall_s", "worker", "ops", "sites", "sample", "records_dropped")
 
 
+def command(name: str, report: str) -> list[str]:
+    """The recording run of ``name``, its report to ``report`` (run it in ``ROOT`` with ``ENV``)."""
+    return [sys.executable, "-m", "fusion_shim", "--policy", "remote", "--device", "cpu", "--verify", "all",
+            "--quiet", "--report", report, *PROGRAMS[name]]
+
+
+ENV = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE"}
+
+
 def record(name: str) -> str:
     out = os.path.join(HERE, f"{name}.json")
     with tempfile.TemporaryDirectory() as tmp:
         raw = os.path.join(tmp, "run.json")
-        subprocess.run([sys.executable, "-m", "fusion_shim", "--policy", "remote", "--device", "cpu", "--verify",
-                        "all", "--quiet", "--report", raw, *PROGRAMS[name]], cwd=ROOT, check=True, timeout=600,
-                       stdout=subprocess.DEVNULL, env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE"})
+        subprocess.run(command(name, raw), cwd=ROOT, check=True, timeout=600, stdout=subprocess.DEVNULL, env=ENV)
         with open(raw) as f:
             rep = json.load(f)
     small = {k: rep.get(k) for k in TOP}

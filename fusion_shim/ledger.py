@@ -11,7 +11,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from operator import add as _add
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 MAX_RECORDS = 10_000  # full records kept in all
 MAX_PER_SITE = 2_000  # ... and per call site; past it a site is only aggregated (long loops)
@@ -29,36 +29,54 @@ _LISTS, _DICTS = ("shapes", "dtypes"), ("phases",)  # fields whose default is a 
 class Record:
     """One call: what it was, what was decided and why, and where its time went. A plain class with
     ``__slots__`` (D36): a dataclass's generated methods cost their exec at NumPy's import. ``plan``
-    (the call path's decision) is set by the call path and is not a field."""
+    (the call path's decision) is set by the call path and is not a field. D351: the fields most
+    calls leave as they are (``_RARE``) are class-level defaults, given by keyword, an instance's
+    own value (in its ``__dict__``) only once one is set."""
 
-    __slots__ = ("op", "family", "site", "shapes", "dtypes", "kind", "reason", "fallback", "predicted_local_s",
-                 "predicted_remote_s", "phases", "bytes_sent", "bytes_received", "wall_s", "start_s", "raised",
-                 "thread", "verify", "local_measured_s", "resident_hits", "bytes_saved", "resends", "evictions",
-                 "shm_sent", "shm_received", "worker", "repeated", "cdtype", "flops", "bytes_in", "bytes_out",
-                 "params", "inputs", "results", "plan")
-    FIELDS = __slots__[:-1]
+    __slots__ = ("op", "family", "site", "shapes", "dtypes", "kind", "reason", "predicted_local_s",
+                 "predicted_remote_s", "phases", "bytes_sent", "bytes_received", "wall_s", "start_s", "thread",
+                 "shm_sent", "shm_received", "worker", "repeated", "plan", "__dict__")
+    FIELDS = ("op", "family", "site", "shapes", "dtypes", "kind", "reason", "fallback", "predicted_local_s",
+              "predicted_remote_s", "phases", "bytes_sent", "bytes_received", "wall_s", "start_s", "raised",
+              "thread", "verify", "local_measured_s", "resident_hits", "bytes_saved", "resends", "evictions",
+              "shm_sent", "shm_received", "worker", "repeated", "cdtype", "flops", "bytes_in", "bytes_out",
+              "params", "inputs", "results")
+    # where kind is "fallback": why, an errors.FallbackKind (D323); reason: the detail
+    fallback: Any = None
+    raised: str | None = None            # the exception NumPy raised, if it did
+    verify: str | None = None            # "ok" or "mismatch: ..." when the call was checked
+    local_measured_s: float | None = None  # NumPy's own time for this call, when a check measured it
+    resident_hits = 0                    # inputs sent by reference: the worker held them
+    bytes_saved = 0                      # ... and their bytes, which did not travel
+    resends = 0                          # references the worker no longer held, resent by value
+    evictions = 0                        # entries the worker dropped from its store during this call
+    # what a replay needs (fusion_shim.replay): the planner's view of the call (where not given: its
+    # plan's, read by as_dict), its scalar arguments, and buffer tokens of its inputs and results
+    # (Ledger.trace_io)
+    cdtype: str | None = None
+    flops: float | None = None
+    bytes_in: int | None = None
+    bytes_out: int | None = None
+    params: dict | None = None
+    inputs: list | None = None
+    results: list | None = None
 
-    def __init__(self, op: str, family: str, site: str = "?", shapes: list | None = None,
-                 dtypes: list | None = None, kind: str = "local", reason: str = "",
+    def __init__(self, op: str, family: str, site: str = "?", shapes: Sequence = (),
+                 dtypes: Sequence = (), kind: str = "local", reason: str = "",
                  predicted_local_s: float | None = None, predicted_remote_s: float | None = None,
                  phases: dict[str, float] | None = None, bytes_sent: int = 0, bytes_received: int = 0,
-                 wall_s: float = 0.0, start_s: float = 0.0, raised: str | None = None, thread: int = 0,
-                 verify: str | None = None, local_measured_s: float | None = None, resident_hits: int = 0,
-                 bytes_saved: int = 0, resends: int = 0, evictions: int = 0, shm_sent: int = 0,
-                 shm_received: int = 0, worker: int | None = None, repeated: bool = False,
-                 cdtype: str | None = None, flops: float | None = None, bytes_in: int | None = None,
-                 bytes_out: int | None = None, params: dict | None = None, inputs: list | None = None,
-                 results: list | None = None, fallback: str | None = None):
+                 wall_s: float = 0.0, start_s: float = 0.0, thread: int = 0, shm_sent: int = 0,
+                 shm_received: int = 0, worker: int | None = None, repeated: bool = False, **rare: Any):
         self.op = op
         self.family = family
         self.site = site
-        self.shapes = [] if shapes is None else shapes
-        self.dtypes = [] if dtypes is None else dtypes
+        # D351: replaced whole, never changed in place: none yet is a shared empty tuple (as_dict makes lists)
+        self.shapes = shapes
+        self.dtypes = dtypes
         # "worker" | "local" (decided) | "unsupported" | "fallback" | "raised" (NumPy raised the
         # program's own error here: never a fallback)
         self.kind = kind
         self.reason = reason
-        self.fallback = fallback  # where kind is "fallback": why, an errors.FallbackKind (D323); reason: the detail
         self.predicted_local_s = predicted_local_s
         self.predicted_remote_s = predicted_remote_s
         self.phases = {} if phases is None else phases
@@ -66,31 +84,25 @@ class Record:
         self.bytes_received = bytes_received
         self.wall_s = wall_s
         self.start_s = start_s          # since the run started
-        self.raised = raised            # the exception NumPy raised, if it did
         self.thread = thread            # threading.get_ident() of the calling thread (trace tracks)
-        self.verify = verify            # "ok" or "mismatch: ..." when the call was checked
-        self.local_measured_s = local_measured_s  # NumPy's own time for this call, when a check measured it
-        self.resident_hits = resident_hits  # inputs sent by reference: the worker held them
-        self.bytes_saved = bytes_saved  # ... and their bytes, which did not travel
-        self.resends = resends          # references the worker no longer held, resent by value
-        self.evictions = evictions      # entries the worker dropped from its store during this call
         self.shm_sent = shm_sent        # input bytes that went through shared memory, not the socket
         self.shm_received = shm_received  # ... and result bytes that came back that way
         self.worker = worker            # the index of the worker that answered it (the trace's device tracks)
         self.repeated = repeated        # sent from the template of an earlier call with its layout (D45)
-        # what a replay needs (fusion_shim.replay): the planner's view of the call, its scalar
-        # arguments, and buffer tokens of its inputs and results (Ledger.trace_io)
-        self.cdtype = cdtype
-        self.flops = flops
-        self.bytes_in = bytes_in
-        self.bytes_out = bytes_out
-        self.params = params
-        self.inputs = inputs
-        self.results = results
+        if rare:
+            unknown = rare.keys() - _RARE
+            if unknown:
+                raise TypeError(f"Record() got unknown fields {sorted(unknown)}")
+            self.__dict__.update(rare)
 
     def as_dict(self) -> dict[str, Any]:
         """The fields, containers copied (what the JSON report holds)."""
         out = {name: getattr(self, name) for name in Record.FIELDS}
+        planned = getattr(self, "plan", None)
+        if planned is not None and out["flops"] is None:  # D351: read here, not copied on every call
+            call = planned.call
+            out["cdtype"], out["flops"], out["bytes_in"], out["bytes_out"] = (call.dtype, call.flops, call.bytes_in,
+                                                                              call.bytes_out)
         for name in _LISTS:
             out[name] = list(out[name])
         for name in _DICTS:
@@ -107,6 +119,9 @@ class Record:
 
     def __repr__(self) -> str:
         return f"Record({self.op!r}, kind={self.kind!r}, reason={self.reason!r}, wall_s={self.wall_s!r})"
+
+
+_RARE = frozenset(Record.FIELDS) - set(Record.__slots__)  # D351: the fields set by keyword, defaults on the class
 
 
 def call_site(depth: int = 2) -> str:
@@ -211,10 +226,6 @@ class Ledger:
             self.events.append((self.now(), text))
 
     def add(self, rec: Record) -> None:
-        planned = getattr(rec, "plan", None)
-        if planned is not None and rec.flops is None:
-            call = planned.call
-            rec.cdtype, rec.flops, rec.bytes_in, rec.bytes_out = call.dtype, call.flops, call.bytes_in, call.bytes_out
         with self.lock:
             agg = self.ops[rec.op]
             agg["family"] = rec.family

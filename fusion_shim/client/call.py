@@ -81,11 +81,11 @@ class CallPath:
     def _run(self, spec: OpSpec, sig: inspect.Signature, args: tuple, kwargs: dict, rec: Record,
              t0: float) -> Done | Record:
         seen = _ERR_SEEN  # D346: the error state unchanged since it was last read: its answer without a call
-        here, watch = seen[1] if _errobj is not None and _errobj.get() is seen[0] else fp_state()
+        here, watch = seen[1] if _errobj.get() is seen[0] else fp_state()
         if here is not None:  # D198: NumPy's error state asks for what no result shows
             rec.kind, rec.fallback, rec.reason = "fallback", Why.ERROR_STATE, here
             return rec
-        key = repeat.layout_key(args, kwargs) if repeat.repeatable(spec) else None
+        key = repeat.layout_key(args, kwargs) if spec.repeat else None  # D45: repeat.repeatable's fact, D351: read here
         tmpl = self.templates.get((spec.name, key)) if key is not None else None
         fresh = False  # no template for this key yet: this call may leave one
         if tmpl.__class__ is repeat.Template and self._may_repeat(spec, tmpl, rec):
@@ -124,8 +124,9 @@ class CallPath:
         """Whether what :meth:`_prepare` would do for this call is what it did for the template's:
         the same signature is not pinned, some worker is up (a cold one is waited for there), one
         offers the kernel."""
-        rec.shapes, rec.dtypes = list(tmpl.shapes), list(tmpl.dtypes)
-        if self.checks.pinned_reason(rec, tmpl.op_key) is not None:
+        rec.shapes, rec.dtypes = tmpl.shapes, tmpl.dtypes  # D351: shared, never changed in place (as_dict copies)
+        checks = self.checks  # D351: nothing pinned (the norm) is seen without a call
+        if (checks.pinned_checks or checks.pinned) and checks.pinned_reason(rec, tmpl.op_key) is not None:
             return False
         for link in self.links:
             if link.ready.is_set():
@@ -287,8 +288,8 @@ class CallPath:
             value, seconds, kernel_s = remote.send(prep, rec, link, wired, deadline_s, tmpl, watch)
             # the device model learns the kernel's time; the link model everything else of the round
             # trip, with the bytes that crossed it (socket and shared memory)
-            learnt = (link.index, call, decision, seconds, kernel_s, rec.bytes_sent + rec.shm_sent,
-                      rec.bytes_received + rec.shm_received)
+            sent, received = rec.bytes_sent + rec.shm_sent, rec.bytes_received + rec.shm_received
+            learnt = (link.index, call, decision, seconds, kernel_s, sent, received)
             if tmpl is not None and self._defer_learning:
                 self.unlearnt.append(learnt)
                 if len(self.unlearnt) >= repeat.REPRICE_EVERY:
@@ -321,7 +322,7 @@ class CallPath:
         rec.kind, rec.worker = "worker", link.index
         rec.wall_s = time.perf_counter() - t0
         link.answered.add((call.op, call.dtype))
-        link.answered_call(rec.bytes_sent + rec.shm_sent, rec.bytes_received + rec.shm_received)
+        link.answered_call(sent, received)
         return Done(value, rec, prep)
 
     def learn(self) -> None:
@@ -387,7 +388,8 @@ class CallPath:
         """A call computed here, in the caller's frame: timed, learnt from, recorded."""
         rec.phases["local"] = seconds
         rec.wall_s = time.perf_counter() - self.ledger.started - rec.start_s
-        rec.raised = None if exc is None else type(exc).__name__
+        if exc is not None:  # D351: a record's own ``raised`` only where it has one
+            rec.raised = type(exc).__name__
         if isinstance(exc, Exception):  # D281: the program's error (a singular matrix) is NumPy's, never a fallback
             # why it ran here stays said, but for a worker's refusal of the same input (its fault text misleads)
             why = f"; here: {rec.reason}" if rec.reason and "WorkerFault" not in rec.reason else ""
@@ -454,8 +456,10 @@ def fault_kind(exc: Exception) -> Why:
 
 try:  # D200: np.seterr, np.errstate and np.seterrcall replace this object, never change it
     from numpy._core.umath import _extobj_contextvar as _errobj
-except ImportError:  # pragma: no cover - a NumPy that moved it: read np.geterr() each call
-    _errobj = None
+except ImportError:  # pragma: no cover - a NumPy that moved it: read np.geterr() each call (D351: its get() is None)
+    import contextvars
+
+    _errobj = contextvars.ContextVar("fusion_shim_errstate_unknown", default=None)
 _ERR_SEEN: tuple = (object(), (None, True))  # (the last error-state object read, what it asked for)
 _NONFINITE = ("divide", "over", "invalid")
 
@@ -465,7 +469,7 @@ def fp_state() -> tuple[str | None, bool]:
     result, or None; whether a result holding inf or nan must run here). D200: read once per state
     object, not per call (np.geterr() costs microseconds)."""
     global _ERR_SEEN
-    obj = _errobj.get() if _errobj is not None else None
+    obj = _errobj.get()
     seen = _ERR_SEEN
     if obj is not None and obj is seen[0]:
         return seen[1]

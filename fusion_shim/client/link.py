@@ -402,7 +402,7 @@ class WorkerLink:
     def plan_state(self, missing: int | None, reused: int = 0) -> plan.WorkerState:
         """What the planner sees of this worker for one call; ``missing``: the input bytes it is priced
         for (None: all of them), ``reused``: bytes among them priced over their reuse (_Wired.to_send)."""
-        state = self._state.value
+        state = self._state._value_  # D351: the member's own attribute (``value`` is a Python property)
         if state == "ready" and self.inflight > 0:
             state = "busy"
         return plan.WorkerState(state, self.inflight, self.backlog_s, missing, self.url or "", self.contended,

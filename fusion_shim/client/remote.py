@@ -110,7 +110,7 @@ def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
     a result holding one raises :class:`ReportedHere` before anything is written to ``out=``."""
     chan = link.channel()
     t0 = time.perf_counter()
-    lane = link.shm()
+    lane = link.lane.pool()  # D351: link.shm()'s read, without its call
     if tmpl is not None and (lane is None or tmpl.largest < shm_client.MIN_BYTES):
         req: Any = tmpl.request(link.next_id(), prep, lane.drops() if lane is not None else ())  # D45: by the socket
     else:  # a call from a template repeats a layout whose first call was weighed here
@@ -205,8 +205,9 @@ def _exchange(link: WorkerLink, chan: transport.Channel, req: Any, rec: Record,
     ans = chan.request(req, time.monotonic() + deadline_s)
     if ans.lane_note:
         link.ledger.event(ans.lane_note)
-    rec.shm_sent += ans.shm_sent
-    rec.shm_received += ans.shm_received
+    if ans.shm_sent or ans.shm_received:  # D351: most replies moved nothing through shared memory
+        rec.shm_sent += ans.shm_sent
+        rec.shm_received += ans.shm_received
     return ans.header, ans.arrays, ans.encoded, ans.timing, ans.learn_from
 
 
@@ -217,9 +218,9 @@ def assemble(prep: Prepared, arrays: list, checked: bool = False) -> Any:
         _check_results(prep, arrays)
     # a small frame can land unaligned; the copy keeps its memory order (an F result stays F).
     # D199: the wire names a dtype by its str ('<i8'), NumPy's result by its char ('q' is not 'l')
-    arrays = [a if a.flags.aligned and a.dtype.char == dt.char else
-              (a.view(dt) if a.flags.aligned else a.copy(order="K").view(dt))
-              for a, (dt, _) in zip(arrays, prep.results)]
+    for i, (a, (dt, _)) in enumerate(zip(arrays, prep.results)):  # D351: a loop, in place, not a new list
+        if not (a.flags.aligned and a.dtype.char == dt.char):
+            arrays[i] = a.view(dt) if a.flags.aligned else a.copy(order="K").view(dt)
     return prep.returned(arrays)
 
 

@@ -84,10 +84,12 @@ class Template:
         "dtypes",
         "form",
         "largest",
+        "leading",
         "op_key",
         "planned",
         "prep",
         "reply",
+        "rest",
         "shapes",
         "uses",
         "where",
@@ -95,9 +97,13 @@ class Template:
 
     def __init__(self, prep: Prepared, where: list, call: plan.Call, shapes: list, dtypes: list,
                  form: RequestForm):
-        self.prep = Prepared(prep.spec, [], prep.params, prep.results, prep.layouts, prep.flops, None, prep.scalar_0d,
-                             prep.scalar_out, prep.returns, None)  # not the first call's arrays: kept alive else
+        # Prepared's fields after its arrays, as every call from the template has them (no out=, no finish)
+        self.rest = (prep.params, prep.results, prep.layouts, prep.flops, None, prep.scalar_0d, prep.scalar_out,
+                     prep.returns, None)
+        self.prep = Prepared(prep.spec, [], *self.rest)  # not the first call's arrays: kept alive else
         self.where = where        # per input: its index among the positional arguments, or its keyword
+        # D351: inputs that are the leading positional arguments (np.dot(a, b)): their count, taken as a slice
+        self.leading = len(where) if where == list(range(len(where))) else None
         self.call = call
         self.shapes, self.dtypes = shapes, dtypes
         self.form = form          # the header, its id last, and its bytes up to the id's value
@@ -111,10 +117,9 @@ class Template:
 
     def prepared(self, args: tuple, kwargs: dict) -> Prepared:
         """This call's :class:`Prepared`: the template's, with this call's arrays."""
-        p = self.prep
-        arrays = [args[w] if w.__class__ is int else kwargs[w] for w in self.where]
-        return Prepared(p.spec, arrays, p.params, p.results, p.layouts, p.flops, None, p.scalar_0d, p.scalar_out,
-                        p.returns, None)
+        n = self.leading
+        arrays = list(args[:n]) if n is not None else [args[w] if w.__class__ is int else kwargs[w] for w in self.where]
+        return Prepared(self.prep.spec, arrays, *self.rest)
 
     def request(self, rid: int, prep: Prepared, drops: list) -> Encoded:
         """The call's frames: the header with ``rid`` (and the segments to drop), its inputs' bytes."""

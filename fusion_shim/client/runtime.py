@@ -349,7 +349,7 @@ class Runtime:
         finally:
             guard.busy = False
         if got.__class__ is not Record:
-            result = self.checks.finish(got, check, sig, args, kwargs)
+            result = calls.checks.finish(got, check, sig, args, kwargs)  # D351: the call path's, no property
             if self.ledger.tracing:
                 self.ledger.trace_io(got.rec, args, kwargs, result)
             return result

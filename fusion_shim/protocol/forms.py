@@ -53,15 +53,18 @@ class RequestForm:
 
 def id_at(raw: bytes, off: int) -> tuple[int, int] | None:
     """The msgpack unsigned int starting at ``off`` and where it ends; None if none starts there."""
-    if off >= len(raw):
+    try:  # D351: the bound checked by the index itself
+        b = raw[off]
+    except IndexError:
         return None
-    b = raw[off]
+    start = off + 1
     if b < 0x80:
-        return b, off + 1
+        return b, start
     n = _UINT_LEN.get(b)
-    if n is None or off + 1 + n > len(raw):
+    end = start + (n or 0)
+    if n is None or end > len(raw):
         return None
-    return int.from_bytes(raw[off + 1:off + 1 + n], "big"), off + 1 + n
+    return int.from_bytes(raw[start:end], "big"), end
 
 
 def find_id(raw: bytes, rid: int) -> int | None:
@@ -81,6 +84,7 @@ def is_the_id(prefix: bytes, suffix: bytes, header: dict) -> bool:
 
 _KEY = {k: _packb(k) for k in ("v", "t", "id", "timing", "evicted", "kept", "arrays")}
 _EMPTY_LIST = _packb([])
+_TIMING, _frombuffer, _U8 = _KEY["timing"], np.frombuffer, np.uint8  # D351: one global each, per reply
 
 
 class ResultForm:
@@ -109,7 +113,7 @@ class ResultForm:
             flags = r.flags
             if flags.c_contiguous:  # wire.to_wire's order and buffer
                 orders.append("C")
-                bufs.append(np.frombuffer(r, np.uint8) if r.size else b"")
+                bufs.append(_frombuffer(r, _U8) if r.size else b"")
             elif flags.f_contiguous:
                 orders.append("F")
                 bufs.append(r.reshape(-1, order="A").view(np.uint8) if r.size else b"")
@@ -121,5 +125,5 @@ class ResultForm:
             metas = _packb([{"dtype": dt.str, "shape": list(shape), "order": o}
                             for (dt, shape), o in zip(self.declared, orders)])
             self._metas[key] = metas
-        header = self.head + _packb(rid) + _KEY["timing"] + _packb(timing) + self.tail + metas
+        header = self.head + _packb(rid) + _TIMING + _packb(timing) + self.tail + metas
         return [header, *bufs]

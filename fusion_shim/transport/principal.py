@@ -23,7 +23,10 @@ ANON = Principal("anon", None)
 def principal_of(frame: Any, curve: bool) -> Principal:
     """The principal of the connection ``frame`` (a ``zmq.Frame`` of the request) came over;
     ``curve``: the socket is a CURVE server, whose ZAP handler named each client's key."""
-    peer = _property(frame, b"Peer-Address")
+    try:  # D351: _property's read, inline: once per request
+        peer = frame.get(b"Peer-Address")
+    except (zmq.ZMQError, AttributeError, TypeError):
+        peer = None
     key = _property(frame, b"User-Id") if curve else None  # asked only where set: a miss raises (5 us)
     return _named(key or None, peer)
 
@@ -52,4 +55,8 @@ def _uid_of(peer: Any) -> int | None:
 
 def peer_uid(frame: Any) -> int | None:
     """The uid of the process at the other end of an ``ipc://`` connection ``frame`` came over."""
-    return _uid_of(_property(frame, b"Peer-Address"))
+    try:  # D351: _property's read, inline: once per reply
+        peer = frame.get(b"Peer-Address")
+    except (zmq.ZMQError, AttributeError, TypeError):
+        peer = None
+    return _uid_of(peer)

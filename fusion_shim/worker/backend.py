@@ -15,6 +15,7 @@ from .kernels.common import _dt
 
 _BY_STR = {dt.str: t for dt, t in DTYPES.items()}  # a call's cdtype as it travels: no np.dtype() per call
 ONE_THREAD_MAX = 256 << 10  # D71: input bytes up to which a CPU kernel runs on the calling thread alone
+_from_numpy = torch.from_numpy
 
 class TorchBackend:
     """Moves arrays to the device and back and runs kernels there; times each phase."""
@@ -71,12 +72,19 @@ class TorchBackend:
         planned call, D76; test backends offer only this). ``staged``: the indices of inputs read
         from a client's segment (D79), sent as :meth:`to_device` sends those."""
         t0 = time.perf_counter()
-        tensors = [self.to_device(a, i in staged) for i, a in enumerate(arrays)] if staged else [
-            self.to_device(a) for a in arrays]
-        self.sync()
+        if staged:
+            tensors = [self.to_device(a, i in staged) for i, a in enumerate(arrays)]
+        elif self._host:  # D351: to_device's CPU case, without a call per input
+            tensors = [_from_numpy(_aligned(a)) for a in arrays]
+        else:
+            tensors = [self.to_device(a) for a in arrays]
+        host = self._host  # D351: on the CPU, nothing to wait for and no staged copy (to_device): no sync call
+        if not host:
+            self.sync()
         t1 = time.perf_counter()
         results = self.compute(kernel, tensors, params, layouts)
-        self.sync()
+        if not host:
+            self.sync()
         t2 = time.perf_counter()
         out = self.to_host(results)
         return out, {"h2d": t1 - t0, "kernel": t2 - t1, "d2h": time.perf_counter() - t2}
@@ -85,7 +93,7 @@ class TorchBackend:
         """Device results in the layouts the client asked for. Inputs are cast to the compute dtype
         (or each to its ``idtypes`` entry); results to ``rdtypes`` where NumPy returns another type.
         D71: on the CPU, a small call's kernel runs on this thread alone (no pool thread woken)."""
-        if self._threads > 1 and sum(t.nbytes for t in tensors if t is not None) <= ONE_THREAD_MAX:
+        if self._threads > 1 and sum([t.nbytes for t in tensors if t is not None]) <= ONE_THREAD_MAX:
             torch.set_num_threads(1)
             try:
                 return self._compute(kernel, tensors, params, layouts)

@@ -66,28 +66,34 @@ class Inbox:
         self._thread = threading.Thread(target=self._drain_loop, name="fusion-shim-inbox", daemon=True)
         self._thread.start()
 
-    def next(self, timeout_ms: int) -> tuple[list, Principal] | None:
-        """The next request (its frames with the routing identity first, and its principal), waiting
-        ones first; None when none came within ``timeout_ms``."""
+    def next(self, timeout_ms: int) -> tuple[list, Principal, int] | None:
+        """The next request (its frames with the routing identity first, its principal, and its bytes
+        after the identity: D351, counted once), waiting ones first; None when none came within ``timeout_ms``."""
         self.flight = None
         if self.waiting:
             frames, principal, n = self.waiting.popleft()
-            self.held[principal.name] -= n
+            left = self.held[principal.name] - n
+            if left:
+                self.held[principal.name] = left
+            else:
+                del self.held[principal.name]
             self.flight = (principal.name, n)
-            return frames, principal
+            return frames, principal, n
         while (frames := self._recv(timeout_ms)) is not None:
-            timeout_ms = 0
             if len(frames) < 2:  # no routing identity: nothing to answer to
+                timeout_ms = 0
                 continue
             principal = principal_of(frames[1], self.curve)
             name, n = principal.name, sum(map(len, frames[1:]))  # D77: _recv's frames are zmq.Frames: len is bytes
-            # D270, D346: a principal with nothing waiting or unsent here (no request in hand now) is under any budget
-            if ((self.held.get(name) or self.unsent.get(name)) and (load := self._over(name, n)) is not None
-                    and not _small_answer(frames[1])):
+            # D270, D346: a principal with nothing waiting or unsent here (no request in hand now) is under any
+            # budget; D351: nobody's (held drops a principal at 0, unsent one whose replies all left), one look
+            if ((self.held or self.unsent) and (self.held.get(name) or self.unsent.get(name))
+                    and (load := self._over(name, n)) is not None and not _small_answer(frames[1])):
                 self._busy(frames, principal, load)
+                timeout_ms = 0
                 continue
             self.flight = (name, n)
-            return frames, principal
+            return frames, principal, n
         if self._shed:  # idle after shedding: the shed requests' pages go back (D69)
             self._shed = False
             trim_heap()
@@ -141,13 +147,14 @@ class Inbox:
             frames.append(frame)
         return frames
 
-    def running(self, call: Callable[[], Any]) -> Any:
-        """``call()``, with the socket left to the draining thread should it run long."""
+    def running(self, call: Callable[..., Any], *args: Any) -> Any:
+        """``call(*args)``, with the socket left to the draining thread should it run long (D351: no
+        closure made per request)."""
         self._started = time.monotonic()
         self._call += 1
         self._lock.release()
         try:
-            return call()
+            return call(*args)
         finally:
             self._call = 0
             self._lock.acquire()
@@ -169,9 +176,9 @@ class Inbox:
         """Send a reply; one for ``principal`` counts against its budget until libzmq lets go of it (D270)."""
         if principal is None:
             return send_frames(self.sock, frames, prefix=[identity])
-        if self.flight is not None and self.flight[0] == principal.name:
+        if self.flight and self.flight[0] == principal.name:  # a (name, bytes) pair, or None
             self.flight = None  # its request's bytes are freed: its reply's count now
-        total, tracked = send_tracked(self.sock, frames, prefix=[identity])
+        total, tracked = send_tracked(self.sock, frames, [identity])
         if tracked:
             self.unsent.setdefault(principal.name, []).extend(tracked)
         return total

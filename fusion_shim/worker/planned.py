@@ -39,9 +39,13 @@ def answer(backend: Any, kernel: Any, plan: Any, rid: int, arrays: list, shm: An
     results are not as declared)."""
     if plan.segments and (arrays := segment_inputs(shm, who, plan, arrays)) is None:
         return None
-    staged = {"staged": frozenset(i for i, *_ in plan.segments)} if plan.segments else {}  # D79
+    header = plan.header
     try:
-        out, timing = backend.run(kernel, arrays, plan.header["params"], plan.header["layouts"], **staged)
+        if plan.segments:  # D79
+            out, timing = backend.run(kernel, arrays, header["params"], header["layouts"],
+                                      staged=frozenset(i for i, *_ in plan.segments))
+        else:  # D351: no keyword dict made per call
+            out, timing = backend.run(kernel, arrays, header["params"], header["layouts"])
     except Exception:  # noqa: BLE001 - the general path runs it again and answers the fault
         return None
     return plan.reply.frames(rid, timing, out)

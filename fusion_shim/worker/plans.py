@@ -140,8 +140,11 @@ def _arrays(frames: list, inputs: tuple) -> list | None:
         return None
     arrays: list = []
     for frame, (dt, shape, order, nbytes) in zip(frames[1:], inputs):
-        if (len(frame) if isinstance(frame, zmq.Frame) else memoryview(frame).nbytes) != nbytes:
+        if (len(frame) if frame.__class__ is _Frame else memoryview(frame).nbytes) != nbytes:
             return None
-        empty = not nbytes  # no bytes: a fresh empty array, as the decoder makes
-        arrays.append(np.empty(0, dt).reshape(shape, order=order) if empty else np.ndarray(shape, dt, frame, 0, None, order))
+        # no bytes: a fresh empty array, as the decoder makes
+        arrays.append(_ndarray(shape, dt, frame, 0, None, order) if nbytes else np.empty(0, dt).reshape(shape, order=order))
     return arrays
+
+
+_Frame, _ndarray = zmq.Frame, np.ndarray  # D351: one global each in _arrays' loop

@@ -221,11 +221,15 @@ class Worker:
 
     def _planned(self, frames: list) -> list | None:
         """D76: a planned call's reply frames in one pass; None: answer it through the general path."""
-        hit = self.plans.find(self.principal.name, frames, self.max_bytes)
-        if hit is None or (kernel := self.kernels.get(hit[2].header["op"])) is None:
+        who = self.principal
+        hit = self.plans.find(who.name, frames, self.max_bytes)
+        if hit is None:
+            return None
+        rid, arrays, plan = hit
+        if (kernel := self.kernels.get(plan.header["op"])) is None:
             return None
         self.last_was_call = True
-        return planned.answer(self.backend, kernel, hit[2], hit[0], hit[1], self.shm, self.principal)
+        return planned.answer(self.backend, kernel, plan, rid, arrays, self.shm, who)
 
     def _handle(self, frames: list) -> messages.Reply:
         rid = 0
@@ -498,15 +502,15 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
                 if parent_pid is not None and not _alive(parent_pid):
                     return  # the embedded worker's client is gone: do not linger as an orphan
                 continue
-            frames, principal = got
+            frames, principal, received = got
             if keys is not None:
                 conns.learn(frames[1], principal.name)
             if on_request is not None:
                 on_request(frames[1:])
-            if (host := worker.stage_host(frames)) is not None and host.take(frames, principal):
+            # D351: a worker that takes no code (the default) asks no further
+            if worker.allow_code and (host := worker.stage_host(frames)) is not None and host.take(frames, principal):
                 continue
-            reply = inbox.running(lambda: worker.handle(frames[1:], principal))
-            received = sum(map(len, frames[1:]))  # D77: the loop's frames are zmq.Frames, whose len is their bytes
+            reply = inbox.running(worker.handle, frames[1:], principal)
             try:
                 sent = inbox.send(frames[0].bytes, reply, principal)  # D270: counted until it leaves
                 if worker.last_was_call:
@@ -516,7 +520,9 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
             unreturned += received
             if received >= DRAIN_MIN:
                 inbox.drain()  # D197
-            _housekeeping(worker, conns)
+            worker.idle()  # D351: _housekeeping inline, its second part only where a principal has left
+            if conns.left:
+                _forget_ended(worker, conns)
     finally:
         if worker.stages is not None:
             worker.stages.close()
@@ -529,6 +535,10 @@ def serve(url: str, worker: Worker, *, parent_pid: int | None = None, stop: thre
 def _housekeeping(worker: Worker, conns: Any) -> None:
     """Between requests: the worker's own, and the data of principals whose runs ended (D195)."""
     worker.idle()
+    _forget_ended(worker, conns)
+
+
+def _forget_ended(worker: Worker, conns: Any) -> None:
     for name in conns.ended():
         worker.forget(name)
 

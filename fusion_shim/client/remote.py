@@ -140,7 +140,8 @@ def send(prep: Prepared, rec: Record, link: WorkerLink, wired: Wired | None,
                           reply.get("kind"), reply.get("exc"))
     if reply["t"] != "result":
         raise transport.BadReply(f"a call answered with {reply['t']!r}")
-    if watch and nonfinite(arrays):
+    # D354: a worker that scanned its results (in its cache; here they are not yet) says ``finite``
+    if watch and reply.get("finite") is not True and nonfinite(arrays):
         raise ReportedHere("the result holds inf or nan and np.geterr() asks to hear of them: computed here")
     # D49: a reply read from the template's skeleton has the results of one accepted here
     value = assemble(prep, arrays, checked=timing is not None)

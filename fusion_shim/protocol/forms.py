@@ -21,7 +21,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from . import wire
+from . import messages, wire
 
 ID_KEY = msgpack.packb("id")
 _ID_ZERO = ID_KEY + msgpack.packb(0)  # a header's last key and value, the id's a fixint of one byte
@@ -82,24 +82,27 @@ def is_the_id(prefix: bytes, suffix: bytes, header: dict) -> bool:
         return False
 
 
-_KEY = {k: _packb(k) for k in ("v", "t", "id", "timing", "evicted", "kept", "arrays")}
+_KEY = {k: _packb(k) for k in ("v", "t", "id", "timing", "evicted", "kept", "finite", "arrays")}
 _EMPTY_LIST = _packb([])
 _TIMING, _frombuffer, _U8 = _KEY["timing"], np.frombuffer, np.uint8  # D351: one global each, per reply
 
 
 class ResultForm:
     """The fixed bytes of a planned call's ``result`` header: its keys in the general path's order
-    (``v``, ``t``, ``id``, ``timing``, then ``evicted`` and ``kept`` on a resident worker, ``arrays``)."""
+    (``v``, ``t``, ``id``, ``timing``, then ``evicted`` and ``kept`` on a resident worker, ``finite``
+    where said, ``arrays``)."""
 
-    __slots__ = ("_metas", "declared", "head", "tail")
+    __slots__ = ("_metas", "declared", "head", "tail", "scan")
 
     def __init__(self, declared: list, resident: bool):
         self.declared = declared
         keys = 7 if resident else 5
-        self.head = (bytes([0x80 | keys]) + _KEY["v"] + _packb(wire.VERSION) + _KEY["t"]
-                     + _packb("result") + _KEY["id"])
+        self.scan = messages.scans_finite(declared)  # D354: its results are scanned, said with ``finite``
+        # per whether the reply says ``finite`` (after ``kept``, as the general path's extra keys)
+        self.head = tuple(bytes([0x80 | (keys + f)]) + _KEY["v"] + _packb(wire.VERSION) + _KEY["t"]
+                          + _packb("result") + _KEY["id"] for f in (0, 1))
         kept = _KEY["evicted"] + _EMPTY_LIST + _KEY["kept"] + _EMPTY_LIST if resident else b""
-        self.tail = kept + _KEY["arrays"]
+        self.tail = kept + _KEY["arrays"], kept + _KEY["finite"] + _packb(True) + _KEY["arrays"]
         self._metas: dict[tuple, bytes] = {}  # the packed metas per results' orders, made on first use
 
     def frames(self, rid: int, timing: dict, out: list) -> list | None:
@@ -125,5 +128,6 @@ class ResultForm:
             metas = _packb([{"dtype": dt.str, "shape": list(shape), "order": o}
                             for (dt, shape), o in zip(self.declared, orders)])
             self._metas[key] = metas
-        header = self.head + _packb(rid) + _TIMING + _packb(timing) + self.tail + metas
+        f = self.scan and messages.all_finite(out)
+        header = self.head[f] + _packb(rid) + _TIMING + _packb(timing) + self.tail[f] + metas
         return [header, *bufs]

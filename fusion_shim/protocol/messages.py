@@ -17,6 +17,9 @@ from . import wire
 
 WORKER_PHASES = ("h2d", "kernel", "d2h")  # the worker's own time in a result's ``timing``
 _TIMED = frozenset((*WORKER_PHASES, "fingerprint"))  # the keys of ``timing`` read as seconds
+# D354: floating results of these many bytes together are scanned by the worker, its copy still in cache
+FINITE_SCAN_MIN, FINITE_SCAN_MAX = 4 << 10, 1 << 20
+_all = np.logical_and.reduce  # what ndarray.all calls, without its Python wrapper
 
 
 class Reply(NamedTuple):
@@ -81,6 +84,18 @@ def error(rid: int, kind: str, exc: str, msg: str, **extra: Any) -> Reply:
 
 def stats(rid: int, counters: dict) -> Reply:
     return Reply({"t": "stats", "id": rid, **counters})
+
+
+def scans_finite(declared: Sequence[tuple[np.dtype, tuple]]) -> bool:
+    """D354: whether a reply with these declared results (dtype, shape) says ``finite`` where it can:
+    its floating results' bytes within the window (below it the client's own scan is as cheap)."""
+    n = sum(math.prod(shape) * dt.itemsize for dt, shape in declared if dt.kind in "fc")
+    return FINITE_SCAN_MIN <= n <= FINITE_SCAN_MAX
+
+
+def all_finite(results: Sequence[np.ndarray]) -> bool:
+    """Whether every floating result holds no inf or nan (``isfinite``, as the client's scan)."""
+    return all(r.dtype.kind not in "fc" or _all(np.isfinite(r), axis=None) for r in results)
 
 
 # --- the client's requests ---------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import numpy as np
 
 from . import messages, wire
 
-PLAIN_KEYS = frozenset(("v", "t", "id", "timing", "evicted", "kept", "arrays"))  # as the worker's planned replies
+PLAIN_KEYS = frozenset(("v", "t", "id", "timing", "evicted", "kept", "finite", "arrays"))  # as the worker's planned replies
 HEADER_MAX = 4096  # bytes: a larger header is decoded every time
 LEARN_TRIES = 3    # replies offered to learn from before giving up (one is enough: a template's are alike)
 _inf = math.inf

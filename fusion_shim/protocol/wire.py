@@ -60,7 +60,7 @@ uses the copy it holds under ``fp``, or answers ``error`` with kind ``missing`` 
 list of fingerprints it does not hold (the client then resends them once, by value). Buffer frames
 follow the header in the order of the metas that are not references. A ``result`` may carry
 ``kept`` (the call's input fingerprints the worker now holds) and ``evicted`` (fingerprints it
-dropped from its store to make room).
+dropped from its store to make room), and ``finite: true``: no floating result holds inf or nan.
 
 Shared memory (:mod:`fusion_shim.transport.shm`), on a same-host link that negotiated it:
 

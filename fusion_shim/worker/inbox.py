@@ -24,6 +24,7 @@ import time
 from typing import Any, Callable
 
 import zmq
+from zmq.backend import zmq_poll as _zmq_poll
 
 from ..protocol import messages, wire
 from ..transport import frame_bytes, send_frames, send_tracked
@@ -49,6 +50,7 @@ class Inbox:
         self.sock = sock
         self._arrivals = zmq.Poller()  # one for the socket: Socket.poll makes one per call
         self._arrivals.register(sock, zmq.POLLIN)
+        self._waiting = [(sock, zmq.POLLIN)]  # D354: drain's look, zmq_poll's own argument
         self._timeout_ms = sock.getsockopt(zmq.RCVTIMEO)  # the loop's receive waits this long
         self.budget = budget
         self.curve = curve
@@ -162,7 +164,7 @@ class Inbox:
     def drain(self) -> None:
         """D197: take every request libzmq holds into the queue, shedding past each principal's
         budget: after a large request, so that many connections' queues cannot hold more than it."""
-        while True:
+        while _zmq_poll(self._waiting, 0):  # D354: a look, not a receive raising Again (1 us, not 4)
             try:
                 frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:

@@ -336,6 +336,8 @@ class Worker:
             return messages.error(rid, "kernel_error", "ResultMismatch",
                           f"kernel made {[f'{d.str}{list(s)}' for d, s in got]}, the call declared "
                           f"{[f'{d.str}{list(s)}' for d, s in declared]}")
+        if messages.scans_finite(declared) and messages.all_finite(results):  # D354: scanned here, in cache
+            extra["finite"] = True
         return self._reply(rid, results, timing, extra, dests, slots)
 
     def _reply(self, rid: int, results: list, timing: dict, extra: dict, dests: list,

@@ -52,6 +52,8 @@ ones = np.ones
 # checks the flags after products and FFTs; numpy.linalg sets its own state, vdot and einsum none)
 CASES: list[tuple[str, str, Callable[[], tuple[tuple, dict]]]] = [
     ("numpy.matmul", "nan", lambda: ((mat(4, 3), ones((3, 5))), {})),
+    # D354: a result the worker scans itself (its bytes in the window): its reply must not say finite
+    ("numpy.matmul", "nan_64", lambda: ((mat(64, 64), ones((64, 64))), {})),
     ("numpy.matmul", "over", lambda: ((big(4, 3), big(3, 5)), {})),
     ("numpy.matmul", "nan_complex", lambda: ((mat(4, 3, dtype="complex128"), ones((3, 2), "complex128")), {})),
     ("numpy.dot", "vec_nan", lambda: ((np.array([1.0, 1.0]), np.array([-INF, INF])), {})),

@@ -153,3 +153,15 @@ def test_the_skeleton_cuts_at_the_values_own_bytes():
     skel = _learnt(_planned(5, {"kernel": tricky}, out))
     assert _same_as_decoded(skel, _planned(6, {"kernel": 1e-3}, out), 6)
     assert _same_as_decoded(skel, _planned(7, {"kernel": tricky}, out), 7)
+
+
+def test_a_skeleton_that_learnt_finite_reads_no_reply_that_does_not_say_it():
+    """D354: the client skips its scan on ``finite`` read from a skeleton: only a reply saying it repeats it."""
+    timing = {"h2d": 1e-5, "kernel": 2e-4, "d2h": 3e-6}
+    clean, poisoned = np.ones((64, 64)), np.ones((64, 64))
+    poisoned[5, 7] = np.nan
+    said = _planned(1, timing, [clean])
+    assert wire.decode(said)[0]["finite"] is True and "finite" not in wire.decode(_planned(2, timing, [poisoned]))[0]
+    skel = _learnt(said)
+    assert _same_as_decoded(skel, _planned(3, timing, [clean]), 3)
+    assert skel.read(_planned(4, timing, [poisoned]), 4) is None

@@ -89,6 +89,23 @@ def test_the_fixed_bytes_are_what_msgpack_makes_of_the_header():
         assert msgpack.unpackb(frames[0])["id"] == 123456
 
 
+@pytest.mark.parametrize("n,poison", [(32, None), (32, np.nan), (32, np.inf), (64, None), (8, None), (512, None)])
+def test_finite_is_said_exactly_where_every_result_is_finite_and_in_the_window_on_both_paths(monkeypatch, n, poison):
+    """D354: the general path's reply and the planned one's agree byte for byte, ``finite`` or not."""
+    _no_clock(monkeypatch)
+    w, passes = _worker(), _count_passes(monkeypatch)
+    a, b = np.ones((n, n)), np.ones((n, n))
+    if poison is not None:
+        a[n - 1, n - 1] = poison
+    general = _bytes(w.handle(_request(7, a, b), ALICE))
+    fast = _bytes(w.handle(_request(7, a, b), ALICE))
+    assert passes == [True] and fast == general
+    header, (r,) = wire.decode(fast)
+    in_window = messages.FINITE_SCAN_MIN <= r.nbytes <= messages.FINITE_SCAN_MAX
+    assert header.get("finite") is (True if in_window and np.isfinite(r).all() else None), (n, poison)
+    np.testing.assert_array_equal(r, a @ b)
+
+
 def test_results_other_than_declared_are_left_to_the_general_path():
     reply = ResultForm([(np.dtype("<f8"), (2, 2))], True)
     timing = {"h2d": 0.0, "kernel": 0.0, "d2h": 0.0}

@@ -248,6 +248,15 @@ def _node_of(cluster, pid: int) -> subprocess.Popen | None:
     return None
 
 
+
+def _run_through_pool(address: str, name: str, tmp_path: Path, env: dict) -> tuple[Path, Path, subprocess.Popen]:
+    """``programs.py until_stopped`` forced onto pool ``name``: its progress file, its report, its process."""
+    report = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "fusion_shim", "--policy", "remote", "--pool", f"ray://{address}/{name}", "--quiet",
+           "--report", str(report), PROGRAM, "until_stopped", str(tmp_path)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **env})
+    return tmp_path / "progress", report, proc
+
 def test_a_node_lost_mid_run_leaves_the_output_plain_pythons_and_no_process(cluster, tmp_path):
     """Run after the raylet's death: it kills a whole node (every process of it, as a machine lost)
     while a program computes on the node's worker."""
@@ -257,12 +266,7 @@ def test_a_node_lost_mid_run_leaves_the_output_plain_pythons_and_no_process(clus
     (victim,) = _records(cluster, "n")
     node = _node_of(cluster, victim["pid"])
     assert node is not None, (victim, up.stdout)
-    progress = tmp_path / "progress"
-    report = tmp_path / "r.json"
-    cmd = [sys.executable, "-m", "fusion_shim", "--policy", "remote", "--pool", f"ray://{address}/n", "--quiet",
-           "--report", str(report), PROGRAM, "until_stopped", str(tmp_path)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **env})
+    progress, report, proc = _run_through_pool(address, "n", tmp_path, env)
     try:
         wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 2, "the first rounds")
         os.killpg(node.pid, signal.SIGKILL)
@@ -323,12 +327,7 @@ def test_a_raylet_killed_mid_run_leaves_the_output_plain_pythons_and_no_process(
         node = next((n for n in [*cluster[2], own] if _raylet_of(n) is not None
                      and victim["pid"] in children(_raylet_of(n))), None)
         assert node is not None, (victim, up.stdout)
-        progress = tmp_path / "progress"
-        report = tmp_path / "r.json"
-        cmd = [sys.executable, "-m", "fusion_shim", "--policy", "remote", "--pool", f"ray://{address}/r", "--quiet",
-               "--report", str(report), PROGRAM, "until_stopped", str(tmp_path)]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, **env})
+        progress, report, proc = _run_through_pool(address, "r", tmp_path, env)
         wait_for(lambda: progress.exists() and int(progress.read_text() or 0) >= 2, "the first rounds")
         os.kill(_raylet_of(node), signal.SIGKILL)
         wait_for(lambda: not _alive(victim), f"the orphaned worker (pid {victim['pid']}) to exit")
